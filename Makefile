@@ -1,0 +1,38 @@
+# The contract: `make train` and `make test` work on a fresh clone; each sets up .venv itself.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+STAMP  := $(VENV)/.installed
+# A plain `torch` would pull a multi-GB CUDA build; the pinned CPU wheel is what runs here and in CI.
+TORCH  := torch==2.13.0
+
+.PHONY: install train test test-fast bench lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) $(TORCH)
+	$(PIP) -e '.[atari,video,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/rlrun train
+
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(PIP) -e '.[atari,video,dev,bench]'
+	OMP_NUM_THREADS=1 $(PY) bench/ppo_throughput.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rlrun tests bench
+	$(VENV)/bin/ruff format --check rlrun tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

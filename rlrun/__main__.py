@@ -1,0 +1,5 @@
+"""`python -m rlrun` is `rlrun`."""
+
+from rlrun.cli import main
+
+main()

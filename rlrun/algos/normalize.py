@@ -1,0 +1,57 @@
+"""Running statistics for observation and reward normalization, and advantage normalization.
+
+Every statistic that all ranks must share takes `mean_all`, which averages a tensor across ranks
+(the identity on one process); ranks hold equal batch sizes, so a mean of means is the global mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+MeanAll = Callable[[Tensor], Tensor]
+
+
+def identity(x: Tensor) -> Tensor:
+    return x
+
+
+def normalize_advantages(adv: Tensor, mean_all: MeanAll = identity) -> Tensor:
+    """Zero-mean, unit-variance advantages; `mean_all` averages a scalar across ranks."""
+    mu = mean_all(adv.mean())
+    var = mean_all((adv - mu).square().mean())
+    return (adv - mu) / (var.sqrt() + 1e-8)
+
+
+class RunningMoments:
+    """Mean and variance of a stream of batches [B, *shape], merged with Chan et al.'s parallel formula."""
+
+    def __init__(self, shape: tuple[int, ...] = (), mean_all: MeanAll = identity):
+        self.mean = torch.zeros(shape, dtype=torch.float64)
+        self.var = torch.ones(shape, dtype=torch.float64)
+        self.count = 1e-4
+        self.mean_all = mean_all
+
+    def update(self, batch: Tensor) -> None:
+        x = batch.double()
+        b_mean = self.mean_all(x.mean(0))
+        b_var = self.mean_all((x - b_mean).square().mean(0))
+        b_count = x.shape[0]
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        self.mean = self.mean + delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta.square() * self.count * b_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, x: Tensor, clip: float) -> Tensor:
+        out = (x.double() - self.mean) / torch.sqrt(self.var + 1e-8)
+        return out.clamp(-clip, clip).float()
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.clone(), "var": self.var.clone(), "count": float(self.count)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].clone(), state["var"].clone(), float(state["count"])

@@ -1,0 +1,211 @@
+"""Proximal Policy Optimization (Schulman et al. 2017) with the implementation details of Huang et al. 2022
+("The 37 implementation details of PPO"): GAE, clipped surrogate and value loss, entropy bonus, advantage
+normalization, global grad-norm clipping, linear LR annealing, optional target-KL stop and normalization."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlrun.algos.normalize import MeanAll, RunningMoments, identity, normalize_advantages
+from rlrun.algos.returns import compute_gae, explained_variance
+from rlrun.buffers.rollout import Rollout, minibatch_indices
+from rlrun.config import ModelConfig, PPOConfig
+from rlrun.envs import finished_episodes
+from rlrun.models import ActorCritic
+
+
+def clipped_surrogate_loss(log_ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
+    """-E[min(r A, clip(r, 1-eps, 1+eps) A)], the PPO-Clip objective as a loss (paper eq. 7)."""
+    ratio = log_ratio.exp()
+    return torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean()
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float, clip_vloss: bool) -> Tensor:
+    """0.5 E[(V - R)^2]; with clip_vloss, the max with the loss of V clipped to old_V +- clip (as in
+    OpenAI baselines)."""
+    unclipped = (values - returns).square()
+    if not clip_vloss:
+        return 0.5 * unclipped.mean()
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * torch.max(unclipped, (clipped - returns).square()).mean()
+
+
+class PPOLearner(nn.Module):
+    """The loss module: forward(minibatch) -> (loss, stats). Under DDP this is the wrapped module, so that
+    its forward is where gradients get synchronized."""
+
+    def __init__(self, model: ActorCritic, cfg: PPOConfig, mean_all: MeanAll = identity):
+        super().__init__()
+        self.model = model
+        self.cfg = cfg
+        self.mean_all = mean_all
+
+    def forward(self, obs: Tensor, actions: Tensor, old_log_probs: Tensor, advantages: Tensor,
+                returns: Tensor, old_values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        c = self.cfg
+        log_probs, entropy, values = self.model.evaluate(obs, actions)
+        log_ratio = log_probs - old_log_probs
+        if c.norm_adv:
+            advantages = normalize_advantages(advantages, self.mean_all)
+        pg_loss = clipped_surrogate_loss(log_ratio, advantages, c.clip_coef)
+        v_loss = value_loss(values, old_values, returns, c.clip_coef, c.clip_vloss)
+        entropy_mean = entropy.mean()
+        loss = pg_loss - c.ent_coef * entropy_mean + c.vf_coef * v_loss
+        with torch.no_grad():
+            ratio = log_ratio.exp()
+            stats = {
+                "policy_loss": pg_loss.detach(),
+                "value_loss": v_loss.detach(),
+                "entropy": entropy_mean.detach(),
+                "approx_kl": ((ratio - 1) - log_ratio).mean(),  # k3 estimator (Schulman 2020)
+                "clip_fraction": ((ratio - 1).abs() > c.clip_coef).float().mean(),
+            }
+        return loss, stats
+
+
+class PPO:
+    """Collects rollouts from a vector env and updates the actor-critic. Knows nothing of ranks: cross-rank
+    statistics go through `mean_all`, and the caller may wrap `learner` in DDP."""
+
+    def __init__(self, cfg: PPOConfig, model_cfg: ModelConfig, obs_space: gym.spaces.Box,
+                 action_space: gym.Space, num_envs: int, device: torch.device, mean_all: MeanAll = identity):
+        self.cfg = cfg
+        self.device = device
+        self.mean_all = mean_all
+        self.num_envs = num_envs
+        self.model = ActorCritic(model_cfg, obs_space, action_space).to(device)
+        self.learner: nn.Module = PPOLearner(self.model, cfg, mean_all)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.rollout = Rollout(
+            cfg.num_steps, num_envs, obs_space.shape, torch.float32 if cfg.normalize_obs else _dtype(obs_space),
+            () if discrete else action_space.shape, torch.long if discrete else torch.float32, device,
+        )
+        self.obs_rms = RunningMoments(obs_space.shape, mean_all) if cfg.normalize_obs else None
+        self.ret_rms = RunningMoments((), mean_all) if cfg.normalize_reward else None
+        self.next_obs: np.ndarray | None = None  # the observation the next collect starts from
+        self.discounted_return = np.zeros(num_envs)  # per env, for reward scaling
+
+    @property
+    def steps_per_collect(self) -> int:
+        return self.cfg.num_steps * self.num_envs
+
+    def preprocess(self, obs: np.ndarray, update_stats: bool = False) -> Tensor:
+        """Observations as the model sees them: a tensor on the device, normalized if configured."""
+        x = torch.as_tensor(obs, device=self.device)
+        if self.obs_rms is None:
+            return x
+        if update_stats:
+            self.obs_rms.update(x)
+        return self.obs_rms.normalize(x, self.cfg.clip_obs)
+
+    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Divide rewards by the running std of the discounted return (as SB3's VecNormalize)."""
+        self.discounted_return = self.discounted_return * self.cfg.gamma + rewards
+        self.ret_rms.update(torch.as_tensor(self.discounted_return))
+        self.discounted_return[done] = 0.0
+        scaled = rewards / np.sqrt(self.ret_rms.var.item() + 1e-8)
+        return np.clip(scaled, -self.cfg.clip_obs, self.cfg.clip_obs)
+
+    @torch.inference_mode()
+    def collect(self, envs: gym.vector.VectorEnv) -> dict[str, np.ndarray]:
+        """One rollout of num_steps x num_envs transitions into self.rollout; returns finished episodes."""
+        r = self.rollout
+        returns, lengths = [], []
+        obs = self.next_obs
+        for t in range(self.cfg.num_steps):
+            x = self.preprocess(obs, update_stats=True)
+            action, log_prob, value = self.model.act(x)
+            r.obs[t] = x
+            r.actions[t] = action
+            r.log_probs[t] = log_prob
+            r.values[t] = value
+            obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            if self.ret_rms is not None:
+                reward = self._scale_rewards(reward, terminated | truncated)
+            r.rewards[t] = torch.as_tensor(reward, device=self.device)
+            r.terminated[t] = torch.as_tensor(terminated, device=self.device)
+            r.truncated[t] = torch.as_tensor(truncated, device=self.device)
+            if truncated.any():
+                final = np.stack(info["final_obs"][truncated])
+                r.next_values[t, torch.as_tensor(truncated)] = self.model.value(self.preprocess(final))
+            ended, ep_returns, ep_lengths = finished_episodes(info, self.num_envs)
+            returns.append(ep_returns[ended])
+            lengths.append(ep_lengths[ended])
+        self.next_obs = obs
+        last_value = self.model.value(self.preprocess(obs))
+        # Bootstrap from the next step's value except where the episode was truncated (set above).
+        following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
+        r.next_values.copy_(torch.where(r.truncated, r.next_values, following))
+        return {"episode_returns": np.concatenate(returns), "episode_lengths": np.concatenate(lengths)}
+
+    def update(self, progress: float) -> dict[str, float]:
+        """Epochs x minibatches of PPO on the last rollout. `progress` in [0, 1) is the fraction of training
+        done, which sets the annealed learning rate."""
+        c, r = self.cfg, self.rollout
+        lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        advantages, returns = compute_gae(
+            r.rewards, r.values, r.next_values, r.terminated, r.terminated | r.truncated, c.gamma, c.gae_lambda
+        )
+        batch = {
+            "obs": r.obs.flatten(0, 1),
+            "actions": r.actions.flatten(0, 1),
+            "old_log_probs": r.log_probs.flatten(0, 1),
+            "advantages": advantages.flatten(),
+            "returns": returns.flatten(),
+            "old_values": r.values.flatten(),
+        }
+        totals: dict[str, Tensor] = {}
+        count = 0
+        for _epoch in range(c.update_epochs):
+            for idx in minibatch_indices(self.steps_per_collect, c.num_minibatches):
+                loss, stats = self.learner(**{k: v[idx] for k, v in batch.items()})
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
+                self.optimizer.step()
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                count += 1
+            # Every rank takes this decision on the same all-reduced KL, so all stop together.
+            if c.target_kl is not None and self.mean_all(stats["approx_kl"]) > c.target_kl:
+                break
+        out = {k: float(v) / count for k, v in totals.items()}
+        out.update(learning_rate=lr, explained_variance=explained_variance(r.values.flatten(), returns.flatten()),
+                   epochs=float(_epoch + 1))
+        return out
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        """Actions for a batch of raw observations (evaluation and play)."""
+        action, _, _ = self.model.act(self.preprocess(obs), deterministic)
+        return action.cpu().numpy()
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "obs_rms": self.obs_rms.state_dict() if self.obs_rms else None,
+            "ret_rms": self.ret_rms.state_dict() if self.ret_rms else None,
+            "next_obs": None if self.next_obs is None else torch.from_numpy(np.array(self.next_obs)),
+            "discounted_return": torch.from_numpy(self.discounted_return.copy()),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.obs_rms is not None:
+            self.obs_rms.load_state_dict(state["obs_rms"])
+        if self.ret_rms is not None:
+            self.ret_rms.load_state_dict(state["ret_rms"])
+        self.next_obs = None if state["next_obs"] is None else state["next_obs"].numpy().copy()
+        self.discounted_return = state["discounted_return"].numpy().copy()
+
+
+def _dtype(space: gym.spaces.Box) -> torch.dtype:
+    return torch.uint8 if space.dtype == np.uint8 else torch.float32

@@ -1,0 +1,39 @@
+"""Return and advantage estimators as pure functions on [T, N] tensors (time, env)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def compute_gae(
+    rewards: Tensor,
+    values: Tensor,
+    next_values: Tensor,
+    terminated: Tensor,
+    done: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016), eq. 16. Returns (advantages, returns).
+
+    All inputs are [T, N]. `next_values[t]` is V of the observation that followed step t: for a truncated
+    episode that is V(final observation), so truncation bootstraps while termination does not.
+    `done` = terminated | truncated ends the recursion; the rollout edge needs no flag because
+    next_values[T-1] is V of the observation after the rollout.
+    """
+    not_terminated = 1.0 - terminated.float()
+    not_done = 1.0 - done.float()
+    deltas = rewards + gamma * next_values * not_terminated - values
+    advantages = torch.empty_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        last = deltas[t] + gamma * lam * not_done[t] * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def explained_variance(predicted: Tensor, target: Tensor) -> float:
+    """1 - Var[target - predicted] / Var[target]; nan when the target is constant."""
+    var = target.var()
+    return float("nan") if var == 0 else float(1 - (target - predicted).var() / var)

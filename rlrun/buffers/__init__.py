@@ -1,0 +1,1 @@
+"""Experience storage: the on-policy rollout (preallocated [T, N] tensors)."""

@@ -1,0 +1,27 @@
+"""Rollout storage for on-policy algorithms: preallocated [T, N, ...] tensors, filled in place each step."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class Rollout:
+    def __init__(self, num_steps: int, num_envs: int, obs_shape: tuple, obs_dtype: torch.dtype, action_shape: tuple,
+                 action_dtype: torch.dtype, device: torch.device):
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
+
+        self.obs = zeros(*obs_shape, dtype=obs_dtype)
+        self.actions = zeros(*action_shape, dtype=action_dtype)
+        self.log_probs = zeros()
+        self.values = zeros()
+        self.rewards = zeros()
+        self.terminated = zeros(dtype=torch.bool)
+        self.truncated = zeros(dtype=torch.bool)
+        self.next_values = zeros()  # V of the observation after each step (final obs when truncated)
+
+
+def minibatch_indices(batch_size: int, num_minibatches: int) -> list[Tensor]:
+    """A fresh permutation of range(batch_size) cut into equal minibatches (torch's global RNG)."""
+    return list(torch.randperm(batch_size).chunk(num_minibatches))

@@ -1,0 +1,90 @@
+"""Checkpoints: one plain-data file per save (loadable with torch.load(weights_only=True)), written
+atomically, the last K kept; loading turns every way a file can be wrong into one clear UserError."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from rlrun.errors import UserError
+
+FORMAT_VERSION = 1
+_PREFIX = "ckpt_"
+
+
+def checkpoint_name(env_steps: int) -> str:
+    return f"{_PREFIX}{env_steps:012d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoints in `directory`, oldest first (names sort by step)."""
+    return sorted(directory.glob(f"{_PREFIX}*.pt")) if directory.is_dir() else []
+
+
+class Checkpointer:
+    """Saves into run_dir/checkpoints. Only the main rank builds one; the others get NullCheckpointer."""
+
+    def __init__(self, directory: Path, keep_last: int):
+        self.directory = directory
+        self.keep_last = keep_last
+
+    def save(self, state: dict, env_steps: int) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / checkpoint_name(env_steps)
+        tmp = path.with_suffix(".tmp")
+        # Write-then-rename: a crash mid-write leaves the previous checkpoints intact and no torn file.
+        with open(tmp, "wb") as f:
+            torch.save({"rlrun_format": FORMAT_VERSION, "env_steps": env_steps, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for old in list_checkpoints(self.directory)[: -self.keep_last]:
+            old.unlink()
+        return path
+
+
+class NullCheckpointer:
+    def save(self, state: dict, env_steps: int) -> None:
+        return None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given, or the newest checkpoint of a run folder (or of its checkpoints/)."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        found = list_checkpoints(p / "checkpoints") or list_checkpoints(p)
+        if found:
+            return found[-1]
+        raise UserError(f"no checkpoint in {p} (expected {p}/checkpoints/{_PREFIX}*.pt)")
+    raise UserError(f"checkpoint not found: {p} (give a checkpoint file or a run folder)")
+
+
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run folder a checkpoint was saved in, if it sits in one."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Load and check an rlrun checkpoint. Plain data only: a file that would run code is refused."""
+    p = resolve_checkpoint(path)
+    try:
+        state = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" in str(e):  # weights_only met a class or function: loading would run code
+            raise UserError(f"{p} holds objects other than plain data; refusing to load it") from e
+        raise UserError(f"{p} is not a readable checkpoint (corrupt or truncated)") from e
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        raise UserError(f"{p} is not a readable checkpoint (corrupt or truncated)") from e
+    if not isinstance(state, dict) or "rlrun_format" not in state:
+        raise UserError(f"{p} is not an rlrun checkpoint (no format version in it)")
+    if state["rlrun_format"] != FORMAT_VERSION:
+        raise UserError(
+            f"{p} has checkpoint format version {state['rlrun_format']}; this rlrun reads version {FORMAT_VERSION}"
+        )
+    return state

@@ -1,0 +1,262 @@
+"""`rlrun <command> [hydra overrides]`: checks the overrides once (so a typo ends with one clear line and no
+run folder), then runs the command's Hydra app, which converts the config to typed objects and calls down."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlrun.config import ALGO_CONFIGS, PlayConfig, TrainConfig, register_configs, validate_play, validate_train
+from rlrun.errors import UserError
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+COMMANDS = {
+    "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
+    "play": "run a trained agent:  rlrun play checkpoint=PATH [episodes=10 video=true]",
+}
+GROUPS = ("algo", "env", "model", "tuned")
+USAGE = "usage: rlrun <command> [--help] [hydra overrides]\n\ncommands:\n" + "\n".join(
+    f"  {name:<7}{text}" for name, text in COMMANDS.items()
+) + "\n\n`rlrun <command> --help` lists the config groups and keys; `--cfg job` prints the composed config."
+
+register_configs()
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"rlrun: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    try:
+        yield
+    except UserError as e:
+        fail(str(e))
+
+
+def typed_from_saved(saved_yaml: str, overrides: list[str] = ()) -> TrainConfig:
+    """The TrainConfig stored in a checkpoint, with `key=value` overrides applied on top (resume)."""
+    saved = OmegaConf.create(saved_yaml)
+    base = OmegaConf.structured(TrainConfig)
+    base.algo = OmegaConf.structured(ALGO_CONFIGS[saved.algo.name])
+    merged = OmegaConf.merge(base, saved)
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if key == "resume":
+            continue
+        if key in GROUPS:
+            raise UserError(f"resume keeps the checkpoint's {key}; override its keys ({key}.x=...) instead")
+        OmegaConf.update(merged, key, override.value(), merge=True)
+    return OmegaConf.to_object(merged)
+
+
+def _train_config(cfg: DictConfig, overrides: list[str]) -> tuple[TrainConfig, dict | None]:
+    from rlrun.checkpoint import load_checkpoint
+
+    typed: TrainConfig = OmegaConf.to_object(cfg)
+    state = None
+    if typed.resume is not None:
+        state = load_checkpoint(typed.resume)
+        typed = replace(typed_from_saved(state["config"], overrides), resume=typed.resume)
+    validate_train(typed)
+    return typed, state
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")
+def train_app(cfg: DictConfig) -> float | None:
+    from rlrun.distributed import single_process
+    from rlrun.train import train
+
+    hc = HydraConfig.get()
+    overrides = list(hc.overrides.task)
+    with user_errors():
+        typed, state = _train_config(cfg, overrides)
+        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(replace(typed, resume=None)))
+        summary = train(typed, Path(hc.runtime.output_dir), single_process(typed.device), config_yaml,
+                        state, tuple(overrides))
+    if summary["status"] == "interrupted":
+        sys.exit(128 + summary["signal"])
+    return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="play")
+def play_app(cfg: DictConfig) -> float:
+    from rlrun.checkpoint import load_checkpoint
+    from rlrun.play import play
+
+    with user_errors():
+        typed: PlayConfig = OmegaConf.to_object(cfg)
+        validate_play(typed)
+        state = load_checkpoint(typed.checkpoint)
+        result = play(typed, typed_from_saved(state["config"]), state, Path(HydraConfig.get().runtime.output_dir))
+    return result["mean"]
+
+
+APPS = {"train": train_app, "play": play_app}
+
+
+def _combinations(overrides: list[str]) -> list[list[str]]:
+    """Single-valued override lists covering every value of every sweep (one sweep varied at a time), so a
+    bad value anywhere in a multirun is found before its first job starts. Non-choice sweeps (Optuna
+    intervals) are left to the sweeper."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    base, sweeps = [], []
+    for o in parsed:
+        if not o.is_sweep_override():
+            base.append(o.input_line)
+            continue
+        left = o.input_line.split("=", 1)[0]
+        try:
+            values = [f"{left}={v}" for v in o.sweep_string_iterator()]
+        except Exception:
+            continue
+        sweeps.append(values)
+    first = [values[0] for values in sweeps if values]
+    combos = [base + first]
+    for i, values in enumerate(sweeps):
+        for v in values[1:]:
+            combos.append(base + first[:i] + [v] + first[i + 1 :])
+    return combos
+
+
+def _error_line(ex: Exception, defaults: DictConfig) -> str:
+    """One line for a composition error: what was wrong and what is accepted (`defaults` is the config
+    composed without overrides, to list the keys that exist)."""
+    cause = ex.__cause__
+    if isinstance(ex, MissingConfigException) and ex.missing_cfg_file and "/" in ex.missing_cfg_file:
+        group, name = ex.missing_cfg_file.rsplit("/", 1)
+        options = [o for o in (ex.options or []) if not o.endswith("_schema")]
+        return f"unknown {group} '{name}'; choose one of: {', '.join(options)}"
+    if isinstance(ex, OverrideParseException):
+        return f"cannot parse override: {str(ex).splitlines()[0]}"
+    text = str(ex).splitlines()[0]
+    if text.startswith("Could not override '") and isinstance(cause, OmegaConfBaseException):
+        key = text.split("'")[1]
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(defaults, parent) if parent else defaults
+        known = list(node.keys()) if isinstance(node, DictConfig) else []
+        close = difflib.get_close_matches(leaf, known, n=1)
+        hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+        where = f"keys under {parent}" if parent else "top-level keys"
+        return f"unknown key '{key}'{hint} ({where}: {', '.join(known)})"
+    if text.startswith("Error merging override") and isinstance(cause, OmegaConfBaseException):
+        override = text.removeprefix("Error merging override").strip()
+        return f"{override}: {str(cause.msg).splitlines()[0]}"
+    if isinstance(ex, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException):
+        return f"{text} {str(cause.msg).splitlines()[0]}"
+    return text
+
+
+def _null_parent_line(overrides: list[str], defaults: DictConfig) -> str:
+    for line in overrides:
+        key = line.split("=", 1)[0].lstrip("+~")
+        parent = key.rpartition(".")[0]
+        if parent and OmegaConf.select(defaults, parent) is None:
+            return f"cannot set '{key}': '{parent}' is null in this config"
+    return f"cannot apply overrides {' '.join(overrides)}"
+
+
+def _unknown_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> list[str]:
+    """Keys in the composed config that the typed schema does not have (Hydra's `+key=` adds them)."""
+    found = []
+    for key in cfg:
+        path = f"{prefix}{key}"
+        if key not in schema:
+            found.append(path)
+        elif isinstance(cfg[key], DictConfig) and isinstance(schema[key], DictConfig):
+            found += _unknown_keys(cfg[key], schema[key], path + ".")
+    return found
+
+
+def preflight(command: str, args: list[str]) -> list[str]:
+    """Compose and validate every configuration the command would run; returns the args to run with
+    (a resumed run is pointed at its original run folder)."""
+    from hydra._internal.utils import get_args_parser
+
+    parsed = get_args_parser().parse_args(args)
+    if parsed.help or parsed.hydra_help or parsed.info or parsed.shell_completion:
+        return args
+    overrides = list(parsed.overrides)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        try:
+            combos = _combinations(overrides)
+        except OverrideParseException as e:
+            raise UserError(f"cannot parse overrides: {' '.join(str(e).splitlines()[:2])}") from e
+        for combo in combos:
+            try:
+                cfg = compose(command, overrides=combo)
+            except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as e:
+                raise UserError(_error_line(e, compose(command))) from e
+            except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
+                raise UserError(_null_parent_line(combo, compose(command))) from e
+            try:
+                typed = OmegaConf.to_object(cfg)
+            except OmegaConfBaseException as e:  # a required key left unset (e.g. play checkpoint=...)
+                key = getattr(e, "full_key", "") or "?"
+                raise UserError(f"missing value for '{key}': give {key}=...") from e
+            unknown = _unknown_keys(cfg, OmegaConf.structured(typed))
+            if unknown:
+                raise UserError(f"unknown key '{unknown[0]}' (added with +); the schema has no such key")
+            if command == "train":
+                _preflight_train(typed, overrides, args)
+            else:
+                validate_play(typed)
+    if command == "train":
+        return _resume_args(overrides, args)
+    return args
+
+
+def _preflight_train(typed: TrainConfig, overrides: list[str], args: list[str]) -> None:
+    from rlrun.envs import check_env_id
+
+    if typed.resume is None:
+        validate_train(typed)
+        check_env_id(typed.env.id)
+
+
+def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
+    """Resuming continues in the checkpoint's run folder and keeps that folder's .hydra/ as it was."""
+    from rlrun.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
+
+    resume = [o for o in OverridesParser.create().parse_overrides(overrides) if o.key_or_group == "resume"]
+    if not resume or resume[0].value() is None:
+        return args
+    path = resolve_checkpoint(resume[0].value())
+    state = load_checkpoint(path)
+    typed = typed_from_saved(state["config"], overrides)
+    validate_train(typed)
+    run_dir = run_dir_of(path)
+    if run_dir is None or any(a.startswith("hydra.run.dir=") for a in args):
+        return args
+    return [*args, f"hydra.run.dir='{run_dir}'", "hydra.output_subdir=null"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, args = argv[0], argv[1:]
+    if command not in COMMANDS:
+        fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
+    with user_errors():
+        args = preflight(command, args)
+    sys.argv = [f"rlrun {command}", *args]
+    APPS[command]()
+
+
+if __name__ == "__main__":
+    main()

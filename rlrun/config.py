@@ -1,0 +1,190 @@
+"""Typed config schema: the dataclasses Hydra validates conf/ against, and the value checks run once after
+composition. Every default lives here; yaml files only override."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from rlrun.errors import UserError
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters (names follow CleanRL's ppo.py). Sizes are per rank."""
+
+    name: str = "ppo"
+    lr: float = 2.5e-4
+    anneal_lr: bool = True  # linear decay to 0 over total_steps
+    num_steps: int = 128  # rollout length per env
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    target_kl: float | None = None  # stop the epochs of an update once approx KL exceeds this
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+    clip_obs: float = 10.0  # after normalization
+    adam_eps: float = 1e-5
+
+
+@dataclass
+class VectorConfig:
+    backend: str = "sync"  # sync: gymnasium's SyncVectorEnv in the rank's process
+
+
+@dataclass
+class AtariConfig:
+    """Standard Atari preprocessing (Mnih et al. 2015; Machado et al. 2018 for sticky actions)."""
+
+    noop_max: int = 30
+    frame_skip: int = 4
+    screen_size: int = 84
+    frame_stack: int = 4
+    terminal_on_life_loss: bool = True  # training only
+    clip_reward: bool = True  # training only; logged returns are raw game scores
+    repeat_action_probability: float = 0.0
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    num_envs: int = 8  # per rank
+    max_episode_steps: int | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    atari: AtariConfig | None = None  # set for ALE games; ids starting with ALE/ get the defaults
+    vector: VectorConfig = field(default_factory=VectorConfig)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"  # mlp | nature_cnn
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"  # tanh | relu
+    shared: bool = False  # actor and critic share one trunk
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 25_000  # 0 evaluates only at the end
+    episodes: int = 20
+    num_envs: int = 10
+    deterministic: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 50_000  # 0 saves only the final checkpoint
+    keep_last: int = 3
+
+
+@dataclass
+class LoggingConfig:
+    every_steps: int = 5_000
+    progress: str = "auto"  # auto (rich on a terminal, plain lines otherwise) | rich | plain | none
+    tensorboard: bool = True
+
+
+@dataclass
+class TrainConfig:
+    algo: Any = MISSING
+    env: EnvConfig = MISSING
+    model: ModelConfig = MISSING
+    seed: int = 1
+    total_steps: int = 100_000  # env steps, summed over envs
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch intra-op threads; 0 picks one per core
+    torch_deterministic: bool = True
+    resume: str | None = None  # a checkpoint file or a run folder
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+@dataclass
+class PlayConfig:
+    checkpoint: str = MISSING  # a checkpoint file or a run folder (its latest checkpoint)
+    episodes: int = 10
+    deterministic: bool = True
+    seed: int | None = None  # None: a seed no training or eval env used
+    render: bool = False  # a window (needs a display)
+    video: bool = False  # mp4 files in the play run folder (needs the video extra)
+    device: str = "cpu"
+
+
+ALGO_CONFIGS = {"ppo": PPOConfig}
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="play_schema", node=PlayConfig)
+    for name, schema in ALGO_CONFIGS.items():
+        cs.store(group="algo", name=f"{name}_schema", node=schema)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def validate_train(cfg: TrainConfig) -> None:
+    """Range and consistency checks that a schema cannot express. Raises UserError with one line."""
+    a = cfg.algo
+    _check(cfg.total_steps > 0, f"total_steps={cfg.total_steps}: must be > 0")
+    _check(cfg.env.num_envs >= 1, f"env.num_envs={cfg.env.num_envs}: must be >= 1")
+    _check(cfg.threads >= 0, f"threads={cfg.threads}: must be >= 0 (0 = one per core)")
+    _check(
+        cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+        f"device={cfg.device}: accepted are auto, cpu, cuda, cuda:N",
+    )
+    _check(cfg.model.name in ("mlp", "nature_cnn"), f"model.name={cfg.model.name}: accepted are mlp, nature_cnn")
+    _check(cfg.model.activation in ("tanh", "relu"), f"model.activation={cfg.model.activation}: tanh or relu")
+    _check(cfg.env.vector.backend in ("sync",), f"env.vector.backend={cfg.env.vector.backend}: accepted is sync")
+    _check(cfg.eval.episodes >= 1, f"eval.episodes={cfg.eval.episodes}: must be >= 1")
+    _check(cfg.eval.num_envs >= 1, f"eval.num_envs={cfg.eval.num_envs}: must be >= 1")
+    _check(cfg.checkpoint.keep_last >= 1, f"checkpoint.keep_last={cfg.checkpoint.keep_last}: must be >= 1")
+    _check(
+        cfg.logging.progress in ("auto", "rich", "plain", "none"),
+        f"logging.progress={cfg.logging.progress}: accepted are auto, rich, plain, none",
+    )
+    for key in ("eval", "checkpoint", "logging"):
+        every = getattr(cfg, key).every_steps
+        _check(every >= 0, f"{key}.every_steps={every}: must be >= 0")
+    if isinstance(a, PPOConfig):
+        _validate_ppo(a, cfg.env.num_envs, cfg.total_steps)
+
+
+def _validate_ppo(a: PPOConfig, num_envs: int, total_steps: int) -> None:
+    _check(a.lr > 0, f"algo.lr={a.lr}: must be > 0")
+    _check(a.num_steps >= 1, f"algo.num_steps={a.num_steps}: must be >= 1")
+    _check(0 < a.gamma <= 1, f"algo.gamma={a.gamma}: must be in (0, 1]")
+    _check(0 <= a.gae_lambda <= 1, f"algo.gae_lambda={a.gae_lambda}: must be in [0, 1]")
+    _check(a.update_epochs >= 1, f"algo.update_epochs={a.update_epochs}: must be >= 1")
+    _check(a.clip_coef > 0, f"algo.clip_coef={a.clip_coef}: must be > 0")
+    _check(a.max_grad_norm > 0, f"algo.max_grad_norm={a.max_grad_norm}: must be > 0")
+    _check(a.target_kl is None or a.target_kl > 0, f"algo.target_kl={a.target_kl}: must be > 0 or null")
+    batch = a.num_steps * num_envs
+    _check(
+        a.num_minibatches >= 1 and batch % a.num_minibatches == 0,
+        f"algo.num_minibatches={a.num_minibatches} must divide the batch of "
+        f"algo.num_steps x env.num_envs = {a.num_steps} x {num_envs} = {batch}",
+    )
+    _check(
+        total_steps >= batch,
+        f"total_steps={total_steps} is less than one rollout "
+        f"(algo.num_steps x env.num_envs = {batch}); raise total_steps or shrink the rollout",
+    )
+
+
+def validate_play(cfg: PlayConfig) -> None:
+    _check(cfg.episodes >= 1, f"episodes={cfg.episodes}: must be >= 1")

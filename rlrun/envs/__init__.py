@@ -1,0 +1,98 @@
+"""Environments from config: one gymnasium env with its wrappers (make_env), and the batch of them a rank
+steps (make_vector_env). Swapping the vector env implementation happens here and nowhere else."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+
+from rlrun.config import AtariConfig, EnvConfig
+from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
+from rlrun.errors import UserError
+
+
+def _register_ale() -> None:
+    try:
+        import ale_py
+    except ImportError as e:
+        raise UserError("ALE games need the atari extra: pip install 'rlrun[atari]'") from e
+    gym.register_envs(ale_py)
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise UserError naming close matches when gymnasium does not know `env_id`."""
+    if env_id.startswith("ALE/"):
+        _register_ale()
+    if env_id in gym.registry:
+        return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else " (gymnasium ids look like CartPole-v1, ALE/Pong-v5)"
+    raise UserError(f"unknown env id '{env_id}'{hint}")
+
+
+def atari_config(cfg: EnvConfig) -> AtariConfig | None:
+    if cfg.atari is not None:
+        return cfg.atari
+    return AtariConfig() if cfg.id.startswith("ALE/") else None
+
+
+def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Callable[[], gym.Env]:
+    """A thunk building one env. `train` turns on the training-only Atari wrappers (life loss, reward clip).
+
+    RecordEpisodeStatistics sits innermost so logged returns are raw game scores over whole games.
+    """
+    atari = atari_config(cfg)
+
+    def thunk() -> gym.Env:
+        kwargs = dict(cfg.kwargs)
+        if atari is not None:
+            kwargs.update(frameskip=1, repeat_action_probability=atari.repeat_action_probability)
+        env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, render_mode=render_mode, **kwargs)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        if atari is not None:
+            env = gym.wrappers.AtariPreprocessing(
+                env, noop_max=atari.noop_max, frame_skip=atari.frame_skip, screen_size=atari.screen_size
+            )
+            if train and atari.terminal_on_life_loss:
+                env = EpisodicLife(env)
+            if needs_fire(env):
+                env = FireReset(env)
+            if train and atari.clip_reward:
+                env = gym.wrappers.TransformReward(env, sign_reward)
+            env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
+        if isinstance(env.action_space, gym.spaces.Box):
+            env = gym.wrappers.ClipAction(env)
+        return env
+
+    return thunk
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> VectorEnv:
+    """`num_envs` copies of the configured env. Autoreset happens in the same step (the final observation
+    of a finished episode is in info["final_obs"]), so every transition in a rollout is a real one."""
+    check_env_id(cfg.id)
+    try:
+        return SyncVectorEnv(
+            [make_env(cfg, train) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
+        )
+    except (gym.error.Error, TypeError) as e:
+        raise UserError(f"cannot make env '{cfg.id}' with env.kwargs={dict(cfg.kwargs)}: {e}") from e
+
+
+def env_seeds(seed: int, rank: int, num_envs: int, stream: int = 0) -> list[int]:
+    """Distinct seeds per (seed, rank, stream, env): training envs use stream 0, evaluation stream 1."""
+    return [int(s) for s in np.random.SeedSequence([seed, rank, stream]).generate_state(num_envs)]
+
+
+def finished_episodes(info: dict, num_envs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mask [N], returns [N], lengths [N]) of the episodes that ended in this vector step, read from
+    RecordEpisodeStatistics through SAME_STEP autoreset infos; returns/lengths are 0 where mask is False."""
+    final = info.get("final_info")
+    if not final or "episode" not in final:
+        return np.zeros(num_envs, dtype=bool), np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+    episode = final["episode"]
+    return final["_episode"], episode["r"].astype(np.float64), episode["l"].astype(np.int64)

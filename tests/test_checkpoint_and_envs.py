@@ -1,0 +1,113 @@
+"""Checkpoint files (atomic, plain data, every way a file can be wrong) and exact env state round trips."""
+
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlrun.checkpoint import Checkpointer, load_checkpoint, resolve_checkpoint
+from rlrun.config import AtariConfig, EnvConfig
+from rlrun.envs import make_vector_env
+from rlrun.envs.state import load_vector_env_state, vector_env_state
+from rlrun.errors import UserError
+
+
+def test_save_keeps_last_k_and_loads_plain_data(tmp_path):
+    ck = Checkpointer(tmp_path / "checkpoints", keep_last=2)
+    for step in (100, 200, 300):
+        ck.save({"config": "seed: 1\n", "x": torch.arange(3)}, step)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["ckpt_000000000200.pt", "ckpt_000000000300.pt"]  # no temp files left either
+    state = load_checkpoint(tmp_path)  # a run folder resolves to its newest checkpoint
+    assert state["env_steps"] == 300 and torch.equal(state["x"], torch.arange(3))
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_a_pickle_that_runs_code_is_refused(tmp_path):
+    marker = str(tmp_path / "pwned")
+    path = tmp_path / "evil.pt"
+    torch.save({"rlrun_format": 1, "payload": _RunsCode(marker)}, path)
+    with pytest.raises(UserError, match="plain data"):
+        load_checkpoint(path)
+    assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated", "garbage", "not_rlrun", "future_version", "empty_dir"])
+def test_bad_checkpoint_files(tmp_path, kind):
+    path = tmp_path / "c.pt"
+    if kind == "truncated":
+        torch.save({"rlrun_format": 1, "w": torch.zeros(1000)}, path)
+        path.write_bytes(path.read_bytes()[:300])
+    elif kind == "garbage":
+        path.write_bytes(b"not a checkpoint at all")
+    elif kind == "not_rlrun":
+        torch.save({"weights": torch.zeros(2)}, path)
+    elif kind == "future_version":
+        torch.save({"rlrun_format": 99}, path)
+    elif kind == "empty_dir":
+        path = tmp_path / "run"
+        path.mkdir()
+    expected = {"missing": "not found", "truncated": "not a readable", "garbage": "not a readable",
+                "not_rlrun": "not an rlrun checkpoint", "future_version": "format version 99",
+                "empty_dir": "no checkpoint in"}[kind]
+    with pytest.raises(UserError, match=expected):
+        load_checkpoint(path)
+
+
+def _roll(envs, actions):
+    out = []
+    for a in actions:
+        obs, r, te, tr, _ = envs.step(a)
+        out.append((obs.copy(), r.copy(), te.copy(), tr.copy()))
+    return out
+
+
+@pytest.mark.parametrize("cfg", [EnvConfig(id="CartPole-v1"), EnvConfig(id="Pendulum-v1"),
+                                 EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig())], ids=lambda c: c.id)
+def test_env_state_round_trip_continues_exactly(cfg, tmp_path):
+    rng = np.random.default_rng(0)
+    envs = make_vector_env(cfg, 2)
+    envs.reset(seed=[1, 2])
+    envs.action_space.seed(3)
+    _roll(envs, [envs.action_space.sample() for _ in range(40)])
+    torch.save({"envs": vector_env_state(envs)}, tmp_path / "s.pt")
+    actions = [envs.action_space.sample() for _ in range(120)]
+    expected = _roll(envs, actions)
+    fresh = make_vector_env(cfg, 2)
+    fresh.reset(seed=[int(s) for s in rng.integers(1000, size=2)])
+    load_vector_env_state(fresh, torch.load(tmp_path / "s.pt", weights_only=True)["envs"])
+    for (o1, r1, te1, tr1), (o2, r2, te2, tr2) in zip(expected, _roll(fresh, actions)):
+        np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(te1 | tr1, te2 | tr2)
+    envs.close()
+    fresh.close()
+
+
+def test_unknown_env_id_names_close_matches():
+    with pytest.raises(UserError, match="did you mean CartPole-v1"):
+        make_vector_env(EnvConfig(id="CartPol-v1"), 1)
+
+
+def test_breakout_preprocessing_shapes():
+    envs = make_vector_env(EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig()), 2)
+    obs, _ = envs.reset(seed=[0, 1])
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+    assert isinstance(envs.single_action_space, gym.spaces.Discrete)
+    envs.close()
+
+
+def test_resolve_checkpoint_prefers_newest(tmp_path):
+    ck = Checkpointer(tmp_path / "checkpoints", keep_last=5)
+    for step in (5, 50, 500):
+        ck.save({}, step)
+    assert resolve_checkpoint(tmp_path).name == "ckpt_000000000500.pt"

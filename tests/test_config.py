@@ -1,0 +1,48 @@
+"""Config composition of every algo x env pair against the schema, and the value checks."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rlrun.cli import CONF_DIR
+from rlrun.config import AtariConfig, PPOConfig, TrainConfig, register_configs, validate_train
+from rlrun.errors import UserError
+
+register_configs()
+ENVS = ["cartpole", "acrobot", "pendulum", "breakout"]
+
+
+def typed(*overrides: str) -> TrainConfig:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return OmegaConf.to_object(compose("train", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("algo", ["ppo"])
+def test_every_pair_composes_and_validates(algo, env):
+    cfg = typed(f"algo={algo}", f"env={env}")
+    assert isinstance(cfg.algo, PPOConfig)
+    validate_train(cfg)
+    assert cfg.model.name == ("nature_cnn" if env == "breakout" else "mlp")
+    assert isinstance(cfg.env.atari, AtariConfig) == (env == "breakout")
+
+
+def test_command_line_beats_env_defaults():
+    cfg = typed("env=breakout", "model=mlp", "algo.lr=0.1", "env.num_envs=3")
+    assert (cfg.model.name, cfg.algo.lr, cfg.env.num_envs) == ("mlp", 0.1, 3)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algo.lr=0"], "algo.lr=0.0: must be > 0"),
+        (["env.num_envs=0"], "env.num_envs=0: must be >= 1"),
+        (["total_steps=100"], "less than one rollout"),
+        (["algo.num_minibatches=3"], "must divide the batch"),
+        (["algo.gamma=1.5"], "algo.gamma=1.5"),
+        (["model.activation=gelu"], "tanh or relu"),
+    ],
+)
+def test_out_of_range_values_are_refused(overrides, message):
+    with pytest.raises(UserError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        validate_train(typed(*overrides))
