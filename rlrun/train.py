@@ -70,9 +70,8 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     steps_per_iteration = algo.steps_per_collect * ctx.world_size
     num_iterations = cfg.total_steps // steps_per_iteration
     env_steps = iteration = 0
-    if resume_state is None:
-        algo.next_obs, _ = envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))
-    else:
+    algo.next_obs, _ = envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))
+    if resume_state is not None:
         env_steps, iteration = resume_state["env_steps"], resume_state["iteration"]
         algo.load_state_dict(resume_state["algo"])
         torch.set_rng_state(resume_state["rng"]["torch"])

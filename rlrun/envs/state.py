@@ -46,6 +46,9 @@ def _plain(x: Any) -> Any:
 def _decode_into(obj: Any, name: str, enc: dict) -> None:
     current = getattr(obj, name)
     if "rng" in enc:
+        if not isinstance(current, np.random.Generator):  # created lazily by the first reset
+            current = np.random.Generator(getattr(np.random, enc["rng"]["bit_generator"])())
+            setattr(obj, name, current)
         current.bit_generator.state = enc["rng"]
     elif "array" in enc:
         setattr(obj, name, enc["array"].numpy().copy())
@@ -99,6 +102,7 @@ def vector_env_state(envs: gym.vector.SyncVectorEnv) -> list | None:
 
 
 def load_vector_env_state(envs: gym.vector.SyncVectorEnv, state: list) -> None:
+    """Overwrite the state of `envs` (built from the same config, already reset) with a saved one."""
     _load_layer(envs, state[0])
     for env, layer_states in zip(envs.envs, state[1:], strict=True):
         for layer, layer_state in zip(_layers(env), layer_states, strict=True):
