@@ -18,7 +18,14 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlrun.config import ALGO_CONFIGS, PlayConfig, TrainConfig, register_configs, validate_play, validate_train
+from rlrun.config import (
+    ALGO_CONFIGS,
+    PlayConfig,
+    TrainConfig,
+    register_configs,
+    validate_play,
+    validate_train,
+)
 from rlrun.errors import UserError
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -27,9 +34,11 @@ COMMANDS = {
     "play": "run a trained agent:  rlrun play checkpoint=PATH [episodes=10 video=true]",
 }
 GROUPS = ("algo", "env", "model", "tuned")
-USAGE = "usage: rlrun <command> [--help] [hydra overrides]\n\ncommands:\n" + "\n".join(
-    f"  {name:<7}{text}" for name, text in COMMANDS.items()
-) + "\n\n`rlrun <command> --help` lists the config groups and keys; `--cfg job` prints the composed config."
+USAGE = (
+    "usage: rlrun <command> [--help] [hydra overrides]\n\ncommands:\n"
+    + "\n".join(f"  {name:<7}{text}" for name, text in COMMANDS.items())
+    + "\n\n`rlrun <command> --help` lists the config groups and keys; `--cfg job` prints the composed config."
+)
 
 register_configs()
 
@@ -85,8 +94,14 @@ def train_app(cfg: DictConfig) -> float | None:
     with user_errors():
         typed, state = _train_config(cfg, overrides)
         config_yaml = OmegaConf.to_yaml(OmegaConf.structured(replace(typed, resume=None)))
-        summary = train(typed, Path(hc.runtime.output_dir), single_process(typed.device), config_yaml,
-                        state, tuple(overrides))
+        summary = train(
+            typed,
+            Path(hc.runtime.output_dir),
+            single_process(typed.device),
+            config_yaml,
+            state,
+            tuple(overrides),
+        )
     if summary["status"] == "interrupted":
         sys.exit(128 + summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes

@@ -10,8 +10,9 @@ import numpy as np
 from rlrun.envs import finished_episodes
 
 
-def run_episodes(envs: gym.vector.VectorEnv, act: Callable[[np.ndarray], np.ndarray], episodes: int,
-                 seeds: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def run_episodes(
+    envs: gym.vector.VectorEnv, act: Callable[[np.ndarray], np.ndarray], episodes: int, seeds: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """(returns, lengths) of `episodes` episodes. Env i plays episodes i, i+N, ... so the set of episodes
     does not depend on which ones finish first (no bias towards short episodes)."""
     n = envs.num_envs

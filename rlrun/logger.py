@@ -40,8 +40,13 @@ class RunLogger:
     def _start_bar(self, total_steps: int, start_steps: int) -> None:
         console = Console()
         self.bar = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(), console=console, transient=False,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
         )
         self.task = self.bar.add_task("train", total=total_steps, completed=start_steps, info="")
         # Console log lines go through the bar's console so they print above it instead of tearing it.
@@ -98,7 +103,13 @@ class NullLogger:
     def close(self) -> None: ...
 
 
-_CONSOLE_KEYS = ("charts/episodic_return", "charts/sps", "eval/return_mean", "losses/approx_kl", "losses/entropy")
+_CONSOLE_KEYS = (
+    "charts/episodic_return",
+    "charts/sps",
+    "eval/return_mean",
+    "losses/approx_kl",
+    "losses/entropy",
+)
 
 
 def _fmt(v: float) -> str:

@@ -44,12 +44,19 @@ def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict, run_dir: Path) ->
         thunk = _video_env(thunk, run_dir / "videos")
     envs = SyncVectorEnv([thunk], autoreset_mode=AutoresetMode.SAME_STEP)
     try:
-        algo = build_algo(train_cfg.algo, train_cfg.model, envs.single_observation_space,
-                          envs.single_action_space, 1, resolve_device(cfg.device))
+        algo = build_algo(
+            train_cfg.algo,
+            train_cfg.model,
+            envs.single_observation_space,
+            envs.single_action_space,
+            1,
+            resolve_device(cfg.device),
+        )
         algo.load_state_dict(state["algo"])
         seed = cfg.seed if cfg.seed is not None else train_cfg.seed
-        returns, lengths = run_episodes(envs, lambda o: algo.act(o, cfg.deterministic), cfg.episodes,
-                                        env_seeds(seed, 0, 1, stream=3))
+        returns, lengths = run_episodes(
+            envs, lambda o: algo.act(o, cfg.deterministic), cfg.episodes, env_seeds(seed, 0, 1, stream=3)
+        )
     finally:
         envs.close()
     table = Table(title=f"{train_cfg.env.id}: {state['env_steps']} env steps of {train_cfg.algo.name}")

@@ -45,8 +45,14 @@ def crossed(before: int, after: int, every: int) -> bool:
     return every > 0 and after // every > before // every
 
 
-def train(cfg: TrainConfig, run_dir: Path, ctx: RankContext, config_yaml: str,
-          resume_state: dict | None = None, overrides: tuple[str, ...] = ()) -> dict:
+def train(
+    cfg: TrainConfig,
+    run_dir: Path,
+    ctx: RankContext,
+    config_yaml: str,
+    resume_state: dict | None = None,
+    overrides: tuple[str, ...] = (),
+) -> dict:
     """Train on this rank; returns the summary (also written to run_dir/summary.json on the main rank)."""
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ctx.world_size))
     if cfg.torch_deterministic:
@@ -65,8 +71,15 @@ def train(cfg: TrainConfig, run_dir: Path, ctx: RankContext, config_yaml: str,
 
 def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop) -> dict:
     torch.manual_seed(cfg.seed + ctx.rank)
-    algo = build_algo(cfg.algo, cfg.model, envs.single_observation_space, envs.single_action_space,
-                      cfg.env.num_envs, ctx.device, ctx.mean_all)
+    algo = build_algo(
+        cfg.algo,
+        cfg.model,
+        envs.single_observation_space,
+        envs.single_action_space,
+        cfg.env.num_envs,
+        ctx.device,
+        ctx.mean_all,
+    )
     steps_per_iteration = algo.steps_per_collect * ctx.world_size
     num_iterations = cfg.total_steps // steps_per_iteration
     env_steps = iteration = 0
@@ -81,25 +94,42 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
             seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + iteration)
             algo.next_obs, _ = envs.reset(seed=seeds)
 
-    logger = (RunLogger(run_dir, cfg.total_steps, env_steps, cfg.logging.progress, cfg.logging.tensorboard)
-              if ctx.is_main else NullLogger())
-    checkpointer = (Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last)
-                    if ctx.is_main else NullCheckpointer())
+    logger = (
+        RunLogger(run_dir, cfg.total_steps, env_steps, cfg.logging.progress, cfg.logging.tensorboard)
+        if ctx.is_main
+        else NullLogger()
+    )
+    checkpointer = (
+        Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
+    )
     eval_seeds = env_seeds(cfg.seed, ctx.rank, eval_envs.num_envs, stream=1)
 
     def evaluate() -> np.ndarray:
         # Evaluation draws nothing from the training RNG stream, so it cannot change training.
         with torch.random.fork_rng(devices=[]):
-            returns, _ = run_episodes(eval_envs, lambda o: algo.act(o, cfg.eval.deterministic),
-                                      cfg.eval.episodes, eval_seeds)
+            returns, _ = run_episodes(
+                eval_envs, lambda o: algo.act(o, cfg.eval.deterministic), cfg.eval.episodes, eval_seeds
+            )
         return returns
 
     def state() -> dict:
-        return {"config": config_yaml, "iteration": iteration, "algo": algo.state_dict(),
-                "rng": {"torch": torch.get_rng_state()}, "envs": vector_env_state(envs)}
+        return {
+            "config": config_yaml,
+            "iteration": iteration,
+            "algo": algo.state_dict(),
+            "rng": {"torch": torch.get_rng_state()},
+            "envs": vector_env_state(envs),
+        }
 
-    logger.info("run folder %s: %s on %s, %d env steps (%d iterations of %d)", run_dir, cfg.algo.name,
-                cfg.env.id, cfg.total_steps, num_iterations, steps_per_iteration)
+    logger.info(
+        "run folder %s: %s on %s, %d env steps (%d iterations of %d)",
+        run_dir,
+        cfg.algo.name,
+        cfg.env.id,
+        cfg.total_steps,
+        num_iterations,
+        steps_per_iteration,
+    )
     start_time, start_steps = time.perf_counter(), env_steps
     recent: deque[float] = deque(maxlen=100)
     interval_returns: list[float] = []
@@ -117,27 +147,42 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         metrics = {}
         if crossed(before, env_steps, cfg.eval.every_steps) and iteration < num_iterations:
             eval_returns = evaluate()
-            metrics |= {"eval/return_mean": float(eval_returns.mean()), "eval/return_std": float(eval_returns.std())}
-            logger.info("eval at %d env steps: return %.2f +- %.2f", env_steps, eval_returns.mean(),
-                        eval_returns.std())
+            metrics |= {
+                "eval/return_mean": float(eval_returns.mean()),
+                "eval/return_std": float(eval_returns.std()),
+            }
+            logger.info(
+                "eval at %d env steps: return %.2f +- %.2f",
+                env_steps,
+                eval_returns.mean(),
+                eval_returns.std(),
+            )
         if crossed(before, env_steps, cfg.logging.every_steps) or metrics:
             metrics |= {f"losses/{k}": v for k, v in stats.items() if k not in ("learning_rate", "epochs")}
-            metrics |= {"charts/learning_rate": stats["learning_rate"], "charts/iteration": iteration,
-                        "charts/sps": sps}
+            metrics |= {
+                "charts/learning_rate": stats["learning_rate"],
+                "charts/iteration": iteration,
+                "charts/sps": sps,
+            }
             if interval_returns:
-                metrics |= {"charts/episodic_return": float(np.mean(interval_returns)),
-                            "charts/episodic_length": float(np.mean(interval_lengths)),
-                            "charts/episodes": len(interval_returns)}
+                metrics |= {
+                    "charts/episodic_return": float(np.mean(interval_returns)),
+                    "charts/episodic_length": float(np.mean(interval_lengths)),
+                    "charts/episodes": len(interval_returns),
+                }
                 interval_returns, interval_lengths = [], []
             logger.log(env_steps, metrics)
         if crossed(before, env_steps, cfg.checkpoint.every_steps) and iteration < num_iterations:
             checkpointer.save(state(), env_steps)
 
+    loop_seconds = time.perf_counter() - start_time
     interrupted = stop.signum is not None
     if not interrupted:
         eval_returns = evaluate()
-        logger.log(env_steps, {"eval/return_mean": float(eval_returns.mean()),
-                               "eval/return_std": float(eval_returns.std())})
+        logger.log(
+            env_steps,
+            {"eval/return_mean": float(eval_returns.mean()), "eval/return_std": float(eval_returns.std())},
+        )
     final = checkpointer.save(state(), env_steps)
     wall = time.perf_counter() - start_time
     summary = {
@@ -149,7 +194,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         "env_steps": env_steps,
         "iterations": iteration,
         "wall_seconds": round(wall, 3),
-        "sps": round((env_steps - start_steps) / wall, 1) if wall > 0 else None,
+        "sps": round((env_steps - start_steps) / loop_seconds, 1) if loop_seconds > 0 else None,
         "eval_return_mean": None if eval_returns is None else float(eval_returns.mean()),
         "eval_return_std": None if eval_returns is None else float(eval_returns.std()),
         "eval_episodes": None if eval_returns is None else len(eval_returns),
@@ -160,8 +205,15 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     if interrupted:
         logger.info("stopped by signal %d at %d env steps; checkpoint %s", stop.signum, env_steps, final)
     else:
-        logger.info("done: %d env steps in %.1f s (%.0f sps), eval return %.2f +- %.2f over %d episodes",
-                    env_steps, wall, summary["sps"] or 0, eval_returns.mean(), eval_returns.std(), len(eval_returns))
+        logger.info(
+            "done: %d env steps in %.1f s (%.0f sps), eval return %.2f +- %.2f over %d episodes",
+            env_steps,
+            wall,
+            summary["sps"] or 0,
+            eval_returns.mean(),
+            eval_returns.std(),
+            len(eval_returns),
+        )
     logger.summary(summary)
     logger.close()
     return summary

@@ -23,8 +23,14 @@ def cli_env() -> dict[str, str]:
 
 def rlrun(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """`python -m rlrun ARGS` in `cwd`; subprocess.run kills the child if it outlives `timeout`."""
-    return subprocess.run([sys.executable, "-m", "rlrun", *args], cwd=cwd, env=cli_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlrun", *args],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -56,9 +56,14 @@ def test_bad_checkpoint_files(tmp_path, kind):
     elif kind == "empty_dir":
         path = tmp_path / "run"
         path.mkdir()
-    expected = {"missing": "not found", "truncated": "not a readable", "garbage": "not a readable",
-                "not_rlrun": "not an rlrun checkpoint", "future_version": "format version 99",
-                "empty_dir": "no checkpoint in"}[kind]
+    expected = {
+        "missing": "not found",
+        "truncated": "not a readable",
+        "garbage": "not a readable",
+        "not_rlrun": "not an rlrun checkpoint",
+        "future_version": "format version 99",
+        "empty_dir": "no checkpoint in",
+    }[kind]
     with pytest.raises(UserError, match=expected):
         load_checkpoint(path)
 
@@ -71,8 +76,15 @@ def _roll(envs, actions):
     return out
 
 
-@pytest.mark.parametrize("cfg", [EnvConfig(id="CartPole-v1"), EnvConfig(id="Pendulum-v1"),
-                                 EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig())], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        EnvConfig(id="CartPole-v1"),
+        EnvConfig(id="Pendulum-v1"),
+        EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig()),
+    ],
+    ids=lambda c: c.id,
+)
 def test_env_state_round_trip_continues_exactly(cfg, tmp_path):
     rng = np.random.default_rng(0)
     envs = make_vector_env(cfg, 2)

@@ -76,9 +76,15 @@ def _bad_checkpoint(tmp_path: Path, kind: str) -> Path:
 
 
 @pytest.mark.parametrize("command", ["play", "train"])
-@pytest.mark.parametrize("kind, message", [("missing", "checkpoint not found"), ("truncated", "not a readable"),
-                                           ("not_rlrun", "not an rlrun checkpoint"),
-                                           ("future_version", "format version 99")])
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("missing", "checkpoint not found"),
+        ("truncated", "not a readable"),
+        ("not_rlrun", "not an rlrun checkpoint"),
+        ("future_version", "format version 99"),
+    ],
+)
 def test_bad_checkpoints_get_one_line(tmp_path, command, kind, message):
     key = "checkpoint" if command == "play" else "resume"
     out = rlrun(command, f"{key}={_bad_checkpoint(tmp_path, kind)}", cwd=tmp_path, timeout=60)

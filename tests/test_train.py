@@ -10,9 +10,16 @@ import torch
 from tests.conftest import read_jsonl, rlrun
 
 pytestmark = pytest.mark.slow
-SMALL = ["total_steps=4096", "eval.every_steps=2048", "eval.episodes=4", "eval.num_envs=2",
-         "logging.every_steps=512", "logging.progress=plain", "checkpoint.every_steps=2048",
-         "checkpoint.keep_last=5"]
+SMALL = [
+    "total_steps=4096",
+    "eval.every_steps=2048",
+    "eval.episodes=4",
+    "eval.num_envs=2",
+    "logging.every_steps=512",
+    "logging.progress=plain",
+    "checkpoint.every_steps=2048",
+    "checkpoint.keep_last=5",
+]
 
 
 def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
@@ -50,8 +57,14 @@ def test_default_run_solves_cartpole_then_plays(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "mean" in out.stdout and "500.00" in out.stdout
 
-    out = rlrun("play", f"checkpoint={run}", "episodes=1", "video=true", f"hydra.run.dir={tmp_path / 'video'}",
-                cwd=tmp_path)
+    out = rlrun(
+        "play",
+        f"checkpoint={run}",
+        "episodes=1",
+        "video=true",
+        f"hydra.run.dir={tmp_path / 'video'}",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     videos = list((tmp_path / "video" / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000
@@ -98,8 +111,15 @@ def test_n_steps_resumed_for_n_more_equals_2n_steps(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_pendulum_learns(tmp_path):
-    run = train(tmp_path, "pendulum", "env=pendulum", "total_steps=61440", "algo.num_minibatches=16",
-                "eval.every_steps=8192", "eval.episodes=10")
+    run = train(
+        tmp_path,
+        "pendulum",
+        "env=pendulum",
+        "total_steps=61440",
+        "algo.num_minibatches=16",
+        "eval.every_steps=8192",
+        "eval.episodes=10",
+    )
     evals = [m["eval/return_mean"] for m in read_jsonl(run / "metrics.jsonl") if "eval/return_mean" in m]
     # untrained policy about -1290 at the first evaluation; about -800 after 61k steps here
     assert evals[-1] > evals[0] + 250 and evals[-1] > -1000, evals
@@ -107,11 +127,26 @@ def test_pendulum_learns(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_breakout_smoke_run_then_play(tmp_path):
-    run = train(tmp_path, "breakout", "env=breakout", "total_steps=2048", "env.num_envs=4",
-                "eval.episodes=1", "eval.num_envs=1", "logging.progress=plain")
+    run = train(
+        tmp_path,
+        "breakout",
+        "env=breakout",
+        "total_steps=2048",
+        "env.num_envs=4",
+        "eval.episodes=1",
+        "eval.num_envs=1",
+        "logging.progress=plain",
+    )
     state = final_state(run)
     assert state["env_steps"] == 2048 and state["algo"]["next_obs"].shape == (4, 4, 84, 84)
-    out = rlrun("play", f"checkpoint={run}", "episodes=1", "deterministic=false",
-                f"hydra.run.dir={tmp_path / 'play'}", cwd=tmp_path, timeout=180)
+    out = rlrun(
+        "play",
+        f"checkpoint={run}",
+        "episodes=1",
+        "deterministic=false",
+        f"hydra.run.dir={tmp_path / 'play'}",
+        cwd=tmp_path,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     assert "ALE/Breakout-v5" in out.stdout and "mean" in out.stdout

@@ -13,6 +13,13 @@ from rlrun.config import ModelConfig
 ALGOS = {"ppo": PPO}
 
 
-def build_algo(cfg, model_cfg: ModelConfig, obs_space: gym.Space, action_space: gym.Space, num_envs: int,
-               device: torch.device, mean_all: MeanAll = identity) -> PPO:
+def build_algo(
+    cfg,
+    model_cfg: ModelConfig,
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    num_envs: int,
+    device: torch.device,
+    mean_all: MeanAll = identity,
+) -> PPO:
     return ALGOS[cfg.name](cfg, model_cfg, obs_space, action_space, num_envs, device, mean_all)

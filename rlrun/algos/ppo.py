@@ -43,8 +43,15 @@ class PPOLearner(nn.Module):
         self.cfg = cfg
         self.mean_all = mean_all
 
-    def forward(self, obs: Tensor, actions: Tensor, old_log_probs: Tensor, advantages: Tensor,
-                returns: Tensor, old_values: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(
+        self,
+        obs: Tensor,
+        actions: Tensor,
+        old_log_probs: Tensor,
+        advantages: Tensor,
+        returns: Tensor,
+        old_values: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         c = self.cfg
         log_probs, entropy, values = self.model.evaluate(obs, actions)
         log_ratio = log_probs - old_log_probs
@@ -70,8 +77,16 @@ class PPO:
     """Collects rollouts from a vector env and updates the actor-critic. Knows nothing of ranks: cross-rank
     statistics go through `mean_all`, and the caller may wrap `learner` in DDP."""
 
-    def __init__(self, cfg: PPOConfig, model_cfg: ModelConfig, obs_space: gym.spaces.Box,
-                 action_space: gym.Space, num_envs: int, device: torch.device, mean_all: MeanAll = identity):
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        model_cfg: ModelConfig,
+        obs_space: gym.spaces.Box,
+        action_space: gym.Space,
+        num_envs: int,
+        device: torch.device,
+        mean_all: MeanAll = identity,
+    ):
         self.cfg = cfg
         self.device = device
         self.mean_all = mean_all
@@ -81,8 +96,13 @@ class PPO:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
         discrete = isinstance(action_space, gym.spaces.Discrete)
         self.rollout = Rollout(
-            cfg.num_steps, num_envs, obs_space.shape, torch.float32 if cfg.normalize_obs else _dtype(obs_space),
-            () if discrete else action_space.shape, torch.long if discrete else torch.float32, device,
+            cfg.num_steps,
+            num_envs,
+            obs_space.shape,
+            torch.float32 if cfg.normalize_obs else _dtype(obs_space),
+            () if discrete else action_space.shape,
+            torch.long if discrete else torch.float32,
+            device,
         )
         self.obs_rms = RunningMoments(obs_space.shape, mean_all) if cfg.normalize_obs else None
         self.ret_rms = RunningMoments((), mean_all) if cfg.normalize_reward else None
@@ -126,21 +146,27 @@ class PPO:
             obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
             if self.ret_rms is not None:
                 reward = self._scale_rewards(reward, terminated | truncated)
-            r.rewards[t] = torch.as_tensor(reward, device=self.device)
-            r.terminated[t] = torch.as_tensor(terminated, device=self.device)
-            r.truncated[t] = torch.as_tensor(truncated, device=self.device)
+            r.rewards_np[t] = reward
+            r.terminated_np[t] = terminated
+            r.truncated_np[t] = truncated
             if truncated.any():
                 final = np.stack(info["final_obs"][truncated])
-                r.next_values[t, torch.as_tensor(truncated)] = self.model.value(self.preprocess(final))
+                r.next_values[t, torch.as_tensor(truncated, device=self.device)] = self.model.value(
+                    self.preprocess(final)
+                )
             ended, ep_returns, ep_lengths = finished_episodes(info, self.num_envs)
-            returns.append(ep_returns[ended])
-            lengths.append(ep_lengths[ended])
+            if ended.any():
+                returns.append(ep_returns[ended])
+                lengths.append(ep_lengths[ended])
         self.next_obs = obs
         last_value = self.model.value(self.preprocess(obs))
         # Bootstrap from the next step's value except where the episode was truncated (set above).
         following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
-        r.next_values.copy_(torch.where(r.truncated, r.next_values, following))
-        return {"episode_returns": np.concatenate(returns), "episode_lengths": np.concatenate(lengths)}
+        r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
+        return {
+            "episode_returns": np.concatenate(returns or [np.zeros(0)]),
+            "episode_lengths": np.concatenate(lengths or [np.zeros(0, dtype=np.int64)]),
+        }
 
     def update(self, progress: float) -> dict[str, float]:
         """Epochs x minibatches of PPO on the last rollout. `progress` in [0, 1) is the fraction of training
@@ -149,8 +175,9 @@ class PPO:
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        rewards, terminated, truncated = (x.to(self.device) for x in (r.rewards, r.terminated, r.truncated))
         advantages, returns = compute_gae(
-            r.rewards, r.values, r.next_values, r.terminated, r.terminated | r.truncated, c.gamma, c.gae_lambda
+            rewards, r.values, r.next_values, terminated, terminated | truncated, c.gamma, c.gae_lambda
         )
         batch = {
             "obs": r.obs.flatten(0, 1),
@@ -176,8 +203,11 @@ class PPO:
             if c.target_kl is not None and self.mean_all(stats["approx_kl"]) > c.target_kl:
                 break
         out = {k: float(v) / count for k, v in totals.items()}
-        out.update(learning_rate=lr, explained_variance=explained_variance(r.values.flatten(), returns.flatten()),
-                   epochs=float(_epoch + 1))
+        out.update(
+            learning_rate=lr,
+            explained_variance=explained_variance(r.values.flatten(), returns.flatten()),
+            epochs=float(_epoch + 1),
+        )
         return out
 
     @torch.inference_mode()

@@ -7,19 +7,35 @@ from torch import Tensor
 
 
 class Rollout:
-    def __init__(self, num_steps: int, num_envs: int, obs_shape: tuple, obs_dtype: torch.dtype, action_shape: tuple,
-                 action_dtype: torch.dtype, device: torch.device):
-        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
-            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
+    """What the policy produced lives on the device; what the env returned (rewards, flags) lives in CPU
+    tensors whose numpy views take each step's arrays without a conversion (moved to the device once per
+    update, a no-op on CPU)."""
 
+    def __init__(
+        self,
+        num_steps: int,
+        num_envs: int,
+        obs_shape: tuple,
+        obs_dtype: torch.dtype,
+        action_shape: tuple,
+        action_dtype: torch.dtype,
+        device: torch.device,
+    ):
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32, on: torch.device = device) -> Tensor:
+            return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=on)
+
+        cpu = torch.device("cpu")
         self.obs = zeros(*obs_shape, dtype=obs_dtype)
         self.actions = zeros(*action_shape, dtype=action_dtype)
         self.log_probs = zeros()
         self.values = zeros()
-        self.rewards = zeros()
-        self.terminated = zeros(dtype=torch.bool)
-        self.truncated = zeros(dtype=torch.bool)
         self.next_values = zeros()  # V of the observation after each step (final obs when truncated)
+        self.rewards = zeros(on=cpu)
+        self.terminated = zeros(dtype=torch.bool, on=cpu)
+        self.truncated = zeros(dtype=torch.bool, on=cpu)
+        self.rewards_np = self.rewards.numpy()
+        self.terminated_np = self.terminated.numpy()
+        self.truncated_np = self.truncated.numpy()
 
 
 def minibatch_indices(batch_size: int, num_minibatches: int) -> list[Tensor]:

@@ -76,9 +76,7 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> Vector
     of a finished episode is in info["final_obs"]), so every transition in a rollout is a real one."""
     check_env_id(cfg.id)
     try:
-        return SyncVectorEnv(
-            [make_env(cfg, train) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP
-        )
+        return SyncVectorEnv([make_env(cfg, train) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP)
     except (gym.error.Error, TypeError) as e:
         raise UserError(f"cannot make env '{cfg.id}' with env.kwargs={dict(cfg.kwargs)}: {e}") from e
 

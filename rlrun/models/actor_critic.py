@@ -1,7 +1,9 @@
-"""The actor-critic PPO trains: encoder(s), a policy head (categorical logits or Gaussian mean with a
-state-independent log-std) and a value head."""
+"""The actor-critic PPO trains: a trunk (two MLPs computed together, or one shared encoder), a policy head
+(categorical logits or Gaussian mean with a state-independent log-std) and a value head."""
 
 from __future__ import annotations
+
+import math
 
 import gymnasium as gym
 import torch
@@ -9,7 +11,7 @@ from torch import Tensor, nn
 
 from rlrun.config import ModelConfig
 from rlrun.models import distributions as D
-from rlrun.models.encoders import build_encoder, layer_init
+from rlrun.models.encoders import TwinMLP, build_encoder, layer_init
 
 
 class ActorCritic(nn.Module):
@@ -18,10 +20,12 @@ class ActorCritic(nn.Module):
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
             raise ValueError(f"PPO supports Discrete and Box action spaces, not {action_space}")
-        args = (cfg.name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
-        self.actor_body, features = build_encoder(*args)
-        # With shared=False the critic gets its own trunk (CleanRL's classic-control layout).
-        self.critic_body = self.actor_body if cfg.shared else build_encoder(*args)[0]
+        if cfg.shared:
+            self.trunk, features = build_encoder(cfg.name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        else:  # separate actor and critic trunks (CleanRL's classic-control layout)
+            self.trunk = TwinMLP(math.prod(obs_space.shape), cfg.hidden_sizes, cfg.activation)
+            features = self.trunk.out_dim
+        self.shared = cfg.shared
         out = int(action_space.n) if self.discrete else int(action_space.shape[0])
         self.policy_head = layer_init(nn.Linear(features, out), gain=0.01)
         self.value_head = layer_init(nn.Linear(features, 1), gain=1.0)
@@ -29,19 +33,22 @@ class ActorCritic(nn.Module):
             self.log_std = nn.Parameter(torch.zeros(out))
 
     def _heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        h = self.actor_body(obs)
-        v = self.value_head(h if self.critic_body is self.actor_body else self.critic_body(obs))
-        return self.policy_head(h), v.squeeze(-1)
+        if self.shared:
+            actor = critic = self.trunk(obs)
+        else:
+            actor, critic = self.trunk(obs)
+        return self.policy_head(actor), self.value_head(critic).squeeze(-1)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.value_head(self.critic_body(obs)).squeeze(-1)
+        return self._heads(obs)[1]
 
     def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
         out, value = self._heads(obs)
         if self.discrete:
-            action = out.argmax(-1) if deterministic else D.categorical_sample(out)
-            return action, D.categorical_log_prob(torch.log_softmax(out, -1), action), value
+            log_p = torch.log_softmax(out, -1)
+            action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
+            return action, D.categorical_log_prob(log_p, action), value
         action = out if deterministic else D.gaussian_sample(out, self.log_std)
         return action, D.gaussian_log_prob(out, self.log_std, action), value
 

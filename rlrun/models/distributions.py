@@ -11,10 +11,9 @@ from torch import Tensor
 _LOG_2PI = math.log(2 * math.pi)
 
 
-def categorical_sample(logits: Tensor) -> Tensor:
-    """Sample action indices from unnormalized logits [B, A] -> [B] (Gumbel-max)."""
-    u = torch.rand_like(logits).clamp_(min=1e-12)
-    return torch.argmax(logits - torch.log(-torch.log(u)), dim=-1)
+def categorical_sample(log_p: Tensor) -> Tensor:
+    """Sample action indices [B] from normalized log-probabilities [B, A]."""
+    return torch.multinomial(log_p.exp(), 1).squeeze(-1)
 
 
 def categorical_log_prob(log_p: Tensor, actions: Tensor) -> Tensor:

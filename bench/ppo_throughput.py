@@ -1,0 +1,133 @@
+"""rlrun PPO vs Stable-Baselines3 PPO: same envs (rlrun's own env builders), same hyperparameters, same step
+budget and thread count, one after the other in this process. Prints SPS of each, the ratio, final eval.
+
+    .venv/bin/python bench/ppo_throughput.py [--only cartpole|breakout] [--breakout-steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rlrun.config import TrainConfig, register_configs, validate_train
+from rlrun.distributed import single_process
+from rlrun.envs import make_env
+from rlrun.train import train
+
+CONF = str(Path(__file__).resolve().parent.parent / "conf")
+
+# CleanRL ppo.py defaults for CartPole; ppo_atari.py for Breakout.
+CASES = {
+    "cartpole": dict(
+        overrides=[
+            "env=cartpole",
+            "env.num_envs=4",
+            "algo.num_steps=128",
+            "algo.num_minibatches=4",
+            "algo.update_epochs=4",
+            "algo.lr=2.5e-4",
+            "algo.gamma=0.99",
+            "algo.gae_lambda=0.95",
+            "algo.ent_coef=0.01",
+            "total_steps=100000",
+        ],
+        threads=1,
+    ),
+    "breakout": dict(overrides=["env=breakout", "env.num_envs=8", "eval.episodes=4", "eval.num_envs=4"], threads=2),
+}
+
+
+def rlrun_config(overrides: list[str], threads: int, steps: int | None) -> TrainConfig:
+    register_configs()
+    extra = [
+        f"threads={threads}",
+        "eval.every_steps=0",
+        "checkpoint.every_steps=0",
+        "logging.progress=none",
+        "logging.tensorboard=false",
+    ] + ([f"total_steps={steps}"] if steps else [])
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = OmegaConf.to_object(compose("train", overrides=overrides + extra))
+    validate_train(cfg)
+    return cfg
+
+
+def run_rlrun(cfg: TrainConfig) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as run_dir:
+        summary = train(cfg, Path(run_dir), single_process("cpu"), "bench: true\n")
+    return summary["sps"], summary["eval_return_mean"]
+
+
+def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    a = cfg.algo
+    torch.set_num_threads(cfg.threads)
+    env = DummyVecEnv([make_env(cfg.env, train=True) for _ in range(cfg.env.num_envs)])
+    cnn = cfg.model.name == "nature_cnn"
+    policy_kwargs = (
+        {}
+        if cnn
+        else dict(net_arch=dict(pi=cfg.model.hidden_sizes, vf=cfg.model.hidden_sizes), activation_fn=torch.nn.Tanh)
+    )
+    model = PPO(
+        "CnnPolicy" if cnn else "MlpPolicy",
+        env,
+        learning_rate=lambda f: a.lr * f,
+        n_steps=a.num_steps,
+        batch_size=a.num_steps * cfg.env.num_envs // a.num_minibatches,
+        n_epochs=a.update_epochs,
+        gamma=a.gamma,
+        gae_lambda=a.gae_lambda,
+        clip_range=a.clip_coef,
+        ent_coef=a.ent_coef,
+        vf_coef=a.vf_coef,
+        max_grad_norm=a.max_grad_norm,
+        policy_kwargs=policy_kwargs,
+        seed=cfg.seed,
+        device="cpu",
+        verbose=0,
+    )
+    start = time.perf_counter()
+    model.learn(total_timesteps=cfg.total_steps)
+    sps = model.num_timesteps / (time.perf_counter() - start)
+    eval_env = DummyVecEnv([make_env(cfg.env, train=False) for _ in range(min(cfg.eval.num_envs, cfg.eval.episodes))])
+    mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval.episodes, deterministic=cfg.eval.deterministic)
+    return sps, float(mean)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=list(CASES))
+    parser.add_argument("--breakout-steps", type=int, default=16384)
+    args = parser.parse_args()
+    rows = []
+    for name, case in CASES.items():
+        if args.only and name != args.only:
+            continue
+        cfg = rlrun_config(case["overrides"], case["threads"], args.breakout_steps if name == "breakout" else None)
+        ours = run_rlrun(cfg)
+        peer = run_sb3(cfg)
+        rows.append((name, cfg.total_steps, ours, peer))
+        print(
+            f"{name}: rlrun {ours[0]:.0f} sps (eval {ours[1]:.1f}), SB3 {peer[0]:.0f} sps (eval {peer[1]:.1f}), "
+            f"ratio {ours[0] / peer[0]:.2f}x",
+            flush=True,
+        )
+    print("\n| case | steps | rlrun SPS | SB3 SPS | ratio | rlrun eval | SB3 eval |")
+    print("|---|---|---|---|---|---|---|")
+    for name, steps, (sps, ev), (psps, pev) in rows:
+        print(f"| {name} | {steps} | {sps:.0f} | {psps:.0f} | {sps / psps:.2f}x | {ev:.1f} | {np.round(pev, 1)} |")
+
+
+if __name__ == "__main__":
+    main()
