@@ -50,10 +50,15 @@ def fail(message: str, code: int = 2) -> None:
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
+    """User mistakes end with one line (exit 2); a failed env worker with its own traceback, once (exit 1)."""
+    from rlrun.envs.pool import EnvWorkerError
+
     try:
         yield
     except UserError as e:
         fail(str(e))
+    except EnvWorkerError as e:
+        fail(str(e), code=1)
 
 
 def typed_from_saved(saved_yaml: str, overrides: list[str] = ()) -> TrainConfig:
@@ -235,10 +240,11 @@ def preflight(command: str, args: list[str]) -> list[str]:
 
 
 def _preflight_train(typed: TrainConfig, overrides: list[str], args: list[str]) -> None:
-    from rlrun.envs import check_env_id
+    from rlrun.envs import check_env_id, import_env_modules
 
     if typed.resume is None:
         validate_train(typed)
+        import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
 
 

@@ -39,7 +39,10 @@ class PPOConfig:
 
 @dataclass
 class VectorConfig:
-    backend: str = "sync"  # sync: gymnasium's SyncVectorEnv in the rank's process
+    backend: str = "sync"  # sync: in the rank's process | subproc: forked worker processes
+    num_workers: int = 0  # subproc: worker processes (0: one per core, at most num_envs)
+    double_buffer: bool = False  # subproc: half the envs step while the policy acts for the other half
+    step_timeout_s: float = 60.0  # subproc: a worker slower than this is reported, not waited on
 
 
 @dataclass
@@ -62,6 +65,7 @@ class EnvConfig:
     max_episode_steps: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     atari: AtariConfig | None = None  # set for ALE games; ids starting with ALE/ get the defaults
+    imports: list[str] = field(default_factory=list)  # modules that register your own envs (gym.register)
     vector: VectorConfig = field(default_factory=VectorConfig)
 
 
@@ -149,7 +153,16 @@ def validate_train(cfg: TrainConfig) -> None:
     )
     _check(cfg.model.name in ("mlp", "nature_cnn"), f"model.name={cfg.model.name}: accepted are mlp, nature_cnn")
     _check(cfg.model.activation in ("tanh", "relu"), f"model.activation={cfg.model.activation}: tanh or relu")
-    _check(cfg.env.vector.backend in ("sync",), f"env.vector.backend={cfg.env.vector.backend}: accepted is sync")
+    v = cfg.env.vector
+    _check(v.backend in ("sync", "subproc"), f"env.vector.backend={v.backend}: accepted are sync, subproc")
+    _check(v.num_workers >= 0, f"env.vector.num_workers={v.num_workers}: must be >= 0 (0 = one per core)")
+    _check(v.step_timeout_s > 0, f"env.vector.step_timeout_s={v.step_timeout_s}: must be > 0")
+    if v.double_buffer:
+        _check(v.backend == "subproc", "env.vector.double_buffer=true needs env.vector.backend=subproc")
+        _check(
+            v.num_workers != 1 and cfg.env.num_envs >= 2,
+            "env.vector.double_buffer=true needs at least 2 workers and 2 envs",
+        )
     _check(cfg.eval.episodes >= 1, f"eval.episodes={cfg.eval.episodes}: must be >= 1")
     _check(cfg.eval.num_envs >= 1, f"eval.num_envs={cfg.eval.num_envs}: must be >= 1")
     _check(cfg.checkpoint.keep_last >= 1, f"checkpoint.keep_last={cfg.checkpoint.keep_last}: must be >= 1")

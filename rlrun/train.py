@@ -3,6 +3,7 @@ collect -> update -> log -> evaluate -> save until total_steps, and write the su
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -17,7 +18,6 @@ from rlrun.checkpoint import Checkpointer, NullCheckpointer
 from rlrun.config import TrainConfig
 from rlrun.distributed import RankContext
 from rlrun.envs import env_seeds, make_vector_env
-from rlrun.envs.state import load_vector_env_state, vector_env_state
 from rlrun.evaluation import run_episodes
 from rlrun.logger import NullLogger, RunLogger
 
@@ -38,6 +38,12 @@ class StopSignal:
     def restore(self) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+def _env_state(envs) -> list | None:
+    """The envs' own state for exact resume, or None when any env cannot be restored."""
+    state = envs.get_env_state()
+    return None if any(s is None for s in state) else state
 
 
 def crossed(before: int, after: int, every: int) -> bool:
@@ -63,6 +69,11 @@ def train(
     stop = StopSignal()
     try:
         return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop)
+    except Exception as e:
+        if ctx.is_main:  # a sweep's report reads why this run failed
+            failed = {"status": "failed", "error": f"{type(e).__name__}: {e}", "overrides": list(overrides)}
+            (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        raise
     finally:
         stop.restore()
         envs.close()
@@ -89,7 +100,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         algo.load_state_dict(resume_state["algo"])
         torch.set_rng_state(resume_state["rng"]["torch"])
         if resume_state["envs"] is not None:
-            load_vector_env_state(envs, resume_state["envs"])
+            envs.set_env_state(resume_state["envs"])
         else:  # envs without plain-data state continue with fresh episodes on a new seed stream
             seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + iteration)
             algo.next_obs, _ = envs.reset(seed=seeds)
@@ -118,7 +129,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
             "iteration": iteration,
             "algo": algo.state_dict(),
             "rng": {"torch": torch.get_rng_state()},
-            "envs": vector_env_state(envs),
+            "envs": _env_state(envs),
         }
 
     logger.info(

@@ -54,5 +54,14 @@ def children(pid: int) -> list[int]:
 @pytest.fixture(autouse=True, scope="session")
 def no_processes_left_behind():
     yield
-    left = children(os.getpid())
+    left = {pid: _cmdline(pid) for pid in children(os.getpid())}
+    # multiprocessing's own resource tracker (started by spawn-context queues) lives until pytest exits
+    left = {pid: cmd for pid, cmd in left.items() if "resource_tracker" not in cmd}
     assert not left, f"tests left processes running: {left}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

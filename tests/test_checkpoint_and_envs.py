@@ -10,7 +10,6 @@ import torch
 from rlrun.checkpoint import Checkpointer, load_checkpoint, resolve_checkpoint
 from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs import make_vector_env
-from rlrun.envs.state import load_vector_env_state, vector_env_state
 from rlrun.errors import UserError
 
 
@@ -91,12 +90,12 @@ def test_env_state_round_trip_continues_exactly(cfg, tmp_path):
     envs.reset(seed=[1, 2])
     envs.action_space.seed(3)
     _roll(envs, [envs.action_space.sample() for _ in range(40)])
-    torch.save({"envs": vector_env_state(envs)}, tmp_path / "s.pt")
+    torch.save({"envs": envs.get_env_state()}, tmp_path / "s.pt")
     actions = [envs.action_space.sample() for _ in range(120)]
     expected = _roll(envs, actions)
     fresh = make_vector_env(cfg, 2)
     fresh.reset(seed=[int(s) for s in rng.integers(1000, size=2)])
-    load_vector_env_state(fresh, torch.load(tmp_path / "s.pt", weights_only=True)["envs"])
+    fresh.set_env_state(torch.load(tmp_path / "s.pt", weights_only=True)["envs"])
     for (o1, r1, te1, tr1), (o2, r2, te2, tr2) in zip(expected, _roll(fresh, actions)):
         np.testing.assert_array_equal(o1, o2)
         np.testing.assert_array_equal(r1, r2)

@@ -122,50 +122,68 @@ class PPO:
             self.obs_rms.update(x)
         return self.obs_rms.normalize(x, self.cfg.clip_obs)
 
-    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray, envs: slice) -> np.ndarray:
         """Divide rewards by the running std of the discounted return (as SB3's VecNormalize)."""
-        self.discounted_return = self.discounted_return * self.cfg.gamma + rewards
-        self.ret_rms.update(torch.as_tensor(self.discounted_return))
-        self.discounted_return[done] = 0.0
+        ret = self.discounted_return[envs] * self.cfg.gamma + rewards
+        self.ret_rms.update(torch.as_tensor(ret))
+        ret[done] = 0.0
+        self.discounted_return[envs] = ret
         scaled = rewards / np.sqrt(self.ret_rms.var.item() + 1e-8)
         return np.clip(scaled, -self.cfg.clip_obs, self.cfg.clip_obs)
 
-    @torch.inference_mode()
-    def collect(self, envs: gym.vector.VectorEnv) -> dict[str, np.ndarray]:
-        """One rollout of num_steps x num_envs transitions into self.rollout; returns finished episodes."""
+    def _act(self, obs: np.ndarray, t: int, envs: slice) -> np.ndarray:
+        """Act for the envs in `envs` at rollout step t, storing what the policy produced."""
         r = self.rollout
-        returns, lengths = [], []
-        obs = self.next_obs
+        x = self.preprocess(obs, update_stats=True)
+        action, log_prob, value = self.model.act(x)
+        r.obs[t, envs] = x
+        r.actions[t, envs] = action
+        r.log_probs[t, envs] = log_prob
+        r.values[t, envs] = value
+        return action.cpu().numpy()
+
+    def _observe(self, result: tuple, t: int, envs: slice, episodes: list) -> np.ndarray:
+        """Store what the envs in `envs` returned for rollout step t; returns their next observations."""
+        r = self.rollout
+        obs, reward, terminated, truncated, info = result
+        if self.ret_rms is not None:
+            reward = self._scale_rewards(reward, terminated | truncated, envs)
+        r.rewards_np[t, envs] = reward
+        r.terminated_np[t, envs] = terminated
+        r.truncated_np[t, envs] = truncated
+        if truncated.any():
+            final = np.stack(info["final_obs"][truncated])
+            idx = torch.arange(envs.start, envs.stop, device=self.device)[torch.as_tensor(truncated)]
+            r.next_values[t, idx] = self.model.value(self.preprocess(final))
+        ended, returns, lengths = finished_episodes(info, len(reward))
+        if ended.any():
+            episodes.append((returns[ended], lengths[ended]))
+        return obs
+
+    @torch.inference_mode()
+    def collect(self, envs) -> dict[str, np.ndarray]:
+        """One rollout of num_steps x num_envs transitions into self.rollout; returns finished episodes.
+
+        The envs come in groups (one, or two when the worker pool double-buffers): a group steps while the
+        policy acts for the next, and the rollout layout is the same either way.
+        """
+        r, groups, episodes = self.rollout, envs.groups, []
+        obs = [self.next_obs[g] for g in groups]
         for t in range(self.cfg.num_steps):
-            x = self.preprocess(obs, update_stats=True)
-            action, log_prob, value = self.model.act(x)
-            r.obs[t] = x
-            r.actions[t] = action
-            r.log_probs[t] = log_prob
-            r.values[t] = value
-            obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
-            if self.ret_rms is not None:
-                reward = self._scale_rewards(reward, terminated | truncated)
-            r.rewards_np[t] = reward
-            r.terminated_np[t] = terminated
-            r.truncated_np[t] = truncated
-            if truncated.any():
-                final = np.stack(info["final_obs"][truncated])
-                r.next_values[t, torch.as_tensor(truncated, device=self.device)] = self.model.value(
-                    self.preprocess(final)
-                )
-            ended, ep_returns, ep_lengths = finished_episodes(info, self.num_envs)
-            if ended.any():
-                returns.append(ep_returns[ended])
-                lengths.append(ep_lengths[ended])
-        self.next_obs = obs
-        last_value = self.model.value(self.preprocess(obs))
-        # Bootstrap from the next step's value except where the episode was truncated (set above).
+            for i, g in enumerate(groups):
+                if t > 0:
+                    obs[i] = self._observe(envs.recv(i), t - 1, g, episodes)
+                envs.send(i, self._act(obs[i], t, g))
+        for i, g in enumerate(groups):
+            obs[i] = self._observe(envs.recv(i), self.cfg.num_steps - 1, g, episodes)
+        self.next_obs = np.concatenate(obs)  # a copy: the pool's observation buffer is reused
+        last_value = self.model.value(self.preprocess(self.next_obs))
+        # Bootstrap from the next step's value except where the episode was truncated (set in _observe).
         following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
         r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
         return {
-            "episode_returns": np.concatenate(returns or [np.zeros(0)]),
-            "episode_lengths": np.concatenate(lengths or [np.zeros(0, dtype=np.int64)]),
+            "episode_returns": np.concatenate([e[0] for e in episodes] or [np.zeros(0)]),
+            "episode_lengths": np.concatenate([e[1] for e in episodes] or [np.zeros(0, dtype=np.int64)]),
         }
 
     def update(self, progress: float) -> dict[str, float]:

@@ -4,14 +4,18 @@ steps (make_vector_env). Swapping the vector env implementation happens here and
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
 from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
+from rlrun.envs.pool import WorkerPool
+from rlrun.envs.state import env_state, load_env_state
 from rlrun.errors import UserError
 
 
@@ -21,6 +25,15 @@ def _register_ale() -> None:
     except ImportError as e:
         raise UserError("ALE games need the atari extra: pip install 'rlrun[atari]'") from e
     gym.register_envs(ale_py)
+
+
+def import_env_modules(modules: list[str]) -> None:
+    """Import the modules named in env.imports, which register users' own envs (gym.register)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise UserError(f"env.imports: cannot import '{name}': {e}") from e
 
 
 def check_env_id(env_id: str) -> None:
@@ -51,7 +64,9 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
         kwargs = dict(cfg.kwargs)
         if atari is not None:
             kwargs.update(frameskip=1, repeat_action_probability=atari.repeat_action_probability)
-        env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, render_mode=render_mode, **kwargs)
+        if render_mode is not None:  # not passed otherwise: users' envs need not accept it
+            kwargs["render_mode"] = render_mode
+        env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **kwargs)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         if atari is not None:
             env = gym.wrappers.AtariPreprocessing(
@@ -71,12 +86,43 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
     return thunk
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> VectorEnv:
-    """`num_envs` copies of the configured env. Autoreset happens in the same step (the final observation
-    of a finished episode is in info["final_obs"]), so every transition in a rollout is a real one."""
+class SyncEnvs(SyncVectorEnv):
+    """gymnasium's SyncVectorEnv with the interface rlrun's collect loops use: one group of envs stepped
+    with send/recv (the worker pool has two when double buffering), and env state for checkpoints."""
+
+    def __init__(self, env_fns: list[Callable[[], gym.Env]]):
+        super().__init__(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
+        self.groups = [slice(0, self.num_envs)]
+        self._result = None
+
+    def send(self, group: int, actions: np.ndarray) -> None:
+        self._result = self.step(actions)
+
+    def recv(self, group: int):
+        return self._result
+
+    def get_env_state(self) -> list:
+        return [env_state(env) for env in self.envs]
+
+    def set_env_state(self, state: list) -> None:
+        for env, s in zip(self.envs, state, strict=True):
+            load_env_state(env, s)
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEnvs | WorkerPool:
+    """`num_envs` copies of the configured env, in-process (backend sync) or in forked workers (subproc).
+    Autoreset happens in the same step (the final observation of a finished episode is in
+    info["final_obs"]), so every transition in a rollout is a real one."""
+    import_env_modules(cfg.imports)
     check_env_id(cfg.id)
+    fns = [make_env(cfg, train) for _ in range(num_envs)]
+    v = cfg.vector
     try:
-        return SyncVectorEnv([make_env(cfg, train) for _ in range(num_envs)], autoreset_mode=AutoresetMode.SAME_STEP)
+        if v.backend == "subproc":
+            groups = 2 if v.double_buffer and train else 1
+            workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
+            return WorkerPool(fns, workers, v.step_timeout_s, groups=groups)
+        return SyncEnvs(fns)
     except (gym.error.Error, TypeError) as e:
         raise UserError(f"cannot make env '{cfg.id}' with env.kwargs={dict(cfg.kwargs)}: {e}") from e
 

@@ -94,16 +94,12 @@ def _load_layer(layer: Any, state: dict) -> None:
             _decode_into(layer, name, enc)
 
 
-def vector_env_state(envs: gym.vector.SyncVectorEnv) -> list | None:
-    """Plain-data state of every layer of every sub-env and of the vector env, or None if not restorable."""
-    if not all(restorable(e) for e in envs.envs):
-        return None
-    return [_layer_state(envs)] + [[_layer_state(layer) for layer in _layers(e)] for e in envs.envs]
+def env_state(env: gym.Env) -> list | None:
+    """Plain-data state of every wrapper layer of `env`, or None when it is not restorable."""
+    return [_layer_state(layer) for layer in _layers(env)] if restorable(env) else None
 
 
-def load_vector_env_state(envs: gym.vector.SyncVectorEnv, state: list) -> None:
-    """Overwrite the state of `envs` (built from the same config, already reset) with a saved one."""
-    _load_layer(envs, state[0])
-    for env, layer_states in zip(envs.envs, state[1:], strict=True):
-        for layer, layer_state in zip(_layers(env), layer_states, strict=True):
-            _load_layer(layer, layer_state)
+def load_env_state(env: gym.Env, state: list) -> None:
+    """Overwrite the state of `env` (built from the same config, already reset) with a saved one."""
+    for layer, layer_state in zip(_layers(env), state, strict=True):
+        _load_layer(layer, layer_state)

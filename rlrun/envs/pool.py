@@ -1,0 +1,291 @@
+"""A vector env whose envs live in forked worker processes, k per worker. Observations, rewards, flags and
+actions travel through shared memory; only small control messages (and per-step info dicts) cross pipes.
+
+Workers are forked, never spawned, so they inherit what the rank set up at runtime (the config, envs
+registered with gym.register, imported plugins). Forking must happen before the rank starts threads (its
+process group, torch's intra-op pool): a fork after threaded work can leave the child hung. A failing,
+dying or stuck worker raises EnvWorkerError in the rank; a dying rank takes its workers with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from rlrun.envs.state import env_state, load_env_state
+
+# Parent ends of every worker pipe this process holds. A forked child closes all of them, so that when the
+# rank dies the only ends left are its own and the workers' recv() sees EOF instead of blocking forever.
+_PARENT_ENDS: set[mp.connection.Connection] = set()
+
+
+class EnvWorkerError(RuntimeError):
+    """An env worker failed: raised in an env, died, or did not answer. The message names the worker, the
+    env index where known, and carries the worker's traceback."""
+
+
+class EnvWorkerTimeout(EnvWorkerError):
+    pass
+
+
+class _Infos:
+    """Batches per-env info dicts exactly as gymnasium's vector envs do (reusing their _add_info)."""
+
+    _add_info = VectorEnv._add_info
+
+    def __init__(self, num_envs: int):
+        self.num_envs = num_envs
+
+
+def _shared(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeroed array in anonymous shared memory: forked children see (and write) the same pages."""
+    dtype = np.dtype(dtype)
+    size = int(np.prod(shape)) * dtype.itemsize
+    return np.frombuffer(mmap.mmap(-1, max(size, 1)), dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this worker when the rank that forked it dies (Linux PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def _limit_threads() -> None:
+    # A forked child inherits a broken intra-op pool from a parent that used one: one thread avoids it,
+    # and a worker stepping envs has no use for more.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    if "cv2" in sys.modules:
+        sys.modules["cv2"].setNumThreads(0)
+
+
+def _worker(
+    index: int,
+    env_fns: Sequence[Callable[[], gym.Env]],
+    offset: int,
+    conn: mp.connection.Connection,
+    buffers: dict[str, np.ndarray],
+) -> None:
+    for end in list(_PARENT_ENDS):
+        end.close()
+    _PARENT_ENDS.clear()
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the rank decides
+    _limit_threads()
+    obs, final_obs = buffers["obs"], buffers["final_obs"]
+    rewards, terminated, truncated, actions = (buffers[k] for k in ("rewards", "terminated", "truncated", "actions"))
+    current = offset
+    envs: list[gym.Env] = []
+    try:
+        for i, fn in enumerate(env_fns):
+            current = offset + i
+            envs.append(fn())
+        while True:
+            try:
+                command, data = conn.recv()
+            except (EOFError, OSError):
+                break  # the rank is gone
+            if command == "close":
+                break
+            infos = []
+            for i, env in enumerate(envs):
+                current = j = offset + i
+                if command == "step":
+                    o, rewards[j], terminated[j], truncated[j], info = env.step(actions[j])
+                    if terminated[j] or truncated[j]:
+                        final_obs[j] = o
+                        final = {"final_obs": final_obs[j].copy(), "final_info": info}
+                        o, info = env.reset()
+                        info = {**final, **info}
+                    obs[j] = o
+                elif command == "reset":
+                    obs[j], info = env.reset(seed=None if data is None else data[i])
+                elif command == "get_state":
+                    info = env_state(env)
+                elif command == "set_state":
+                    load_env_state(env, data[i])
+                    info = {}
+                infos.append(info)
+            conn.send(("ok", infos))
+    except Exception:
+        conn.send(("error", (current, traceback.format_exc())))
+    finally:
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+        conn.close()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class WorkerPool:
+    """`num_workers` forked processes hosting len(env_fns) envs, contiguous slices per worker.
+
+    Gymnasium's vector env interface (reset, step with SAME_STEP autoreset, close, spaces) plus
+    send/recv per group for double buffering: with `groups=2` the workers split into two halves that
+    step while the caller computes actions for the other. Returned observations are views into shared
+    memory, valid until that group's next step: copy what you keep.
+    """
+
+    def __init__(
+        self, env_fns: Sequence[Callable[[], gym.Env]], num_workers: int, step_timeout_s: float, groups: int = 1
+    ):
+        self.num_envs = len(env_fns)
+        num_workers = max(1, min(num_workers, self.num_envs))
+        if groups > num_workers:
+            raise ValueError(f"{groups} groups need at least {groups} workers, got {num_workers}")
+        probe = env_fns[0]()
+        self.single_observation_space = probe.observation_space
+        self.single_action_space = probe.action_space
+        self.metadata = probe.metadata
+        probe.close()
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.timeout = step_timeout_s
+        n, obs_space = self.num_envs, self.single_observation_space
+        self.buffers = {
+            "obs": _shared((n, *obs_space.shape), obs_space.dtype),
+            "final_obs": _shared((n, *obs_space.shape), obs_space.dtype),
+            "rewards": _shared((n,), np.float64),
+            "terminated": _shared((n,), np.bool_),
+            "truncated": _shared((n,), np.bool_),
+            "actions": _shared((n, *self.single_action_space.shape), self.single_action_space.dtype),
+        }
+        bounds = np.linspace(0, n, num_workers + 1).astype(int)
+        self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        cut = np.linspace(0, num_workers, groups + 1).astype(int)
+        self.group_workers = [list(range(cut[g], cut[g + 1])) for g in range(groups)]
+        self.groups = [slice(self.slices[w[0]].start, self.slices[w[-1]].stop) for w in self.group_workers]
+        self.conns: list[mp.connection.Connection] = []
+        self.procs: list[mp.Process] = []
+        self.closed = False
+        ctx = mp.get_context("fork")  # explicitly: inheritance is the point, whatever the default is
+        for w, sl in enumerate(self.slices):
+            parent_end, child_end = ctx.Pipe()
+            _PARENT_ENDS.add(parent_end)
+            proc = ctx.Process(
+                target=_worker,
+                args=(w, env_fns[sl], sl.start, child_end, self.buffers),
+                name=f"rlrun-env-worker-{w}",
+                daemon=True,
+            )
+            proc.start()
+            child_end.close()
+            self.conns.append(parent_end)
+            self.procs.append(proc)
+
+    def _recv(self, w: int, what: str) -> list:
+        conn, proc, sl = self.conns[w], self.procs[w], self.slices[w]
+        where = f"env worker {w} (pid {proc.pid}, envs {sl.start}-{sl.stop - 1})"
+        ready = mp.connection.wait([conn, proc.sentinel], timeout=self.timeout)
+        if conn in ready:
+            try:
+                status, payload = conn.recv()
+            except (EOFError, OSError):
+                status, payload = "dead", None
+            if status == "ok":
+                return payload
+            if status == "error":
+                env_index, tb = payload
+                raise EnvWorkerError(f"{where} raised in env {env_index} during {what}:\n{tb.rstrip()}")
+        if ready:
+            proc.join(1.0)
+            raise EnvWorkerError(f"{where} {_describe_exit(proc.exitcode)} during {what}")
+        raise EnvWorkerTimeout(f"{where} did not finish {what} within {self.timeout:g} s (env.vector.step_timeout_s)")
+
+    def _call(self, command: str, per_env: Sequence | None = None) -> list:
+        """Send a command to every worker (per-env data sliced to each), gather per-env results."""
+        for w, sl in enumerate(self.slices):
+            self.conns[w].send((command, None if per_env is None else list(per_env[sl])))
+        return [item for w in range(len(self.slices)) for item in self._recv(w, command)]
+
+    @staticmethod
+    def _batch_infos(infos: list[dict]) -> dict:
+        batch = _Infos(len(infos))
+        out: dict = {}
+        for i, info in enumerate(infos):
+            if info:
+                out = batch._add_info(out, info, i)
+        return out
+
+    def reset(self, seed: int | Sequence[int] | None = None, options: dict | None = None):
+        if isinstance(seed, int):
+            seed = [seed + i for i in range(self.num_envs)]
+        infos = self._call("reset", seed)
+        return self.buffers["obs"], self._batch_infos(infos)
+
+    def send(self, group: int, actions: np.ndarray) -> None:
+        """Start stepping the envs of `group` with `actions` (one per env of the group)."""
+        self.buffers["actions"][self.groups[group]] = actions
+        for w in self.group_workers[group]:
+            self.conns[w].send(("step", None))
+
+    def _results(self, sl: slice, infos: list[dict]):
+        b = self.buffers
+        return (
+            b["obs"][sl],
+            b["rewards"][sl].copy(),
+            b["terminated"][sl].copy(),
+            b["truncated"][sl].copy(),
+            self._batch_infos(infos),
+        )
+
+    def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Wait for `group`'s step: (obs view, rewards, terminated, truncated, infos) for its envs."""
+        infos = [item for w in self.group_workers[group] for item in self._recv(w, "step")]
+        return self._results(self.groups[group], infos)
+
+    def step(self, actions: np.ndarray):
+        for g, sl in enumerate(self.groups):
+            self.send(g, actions[sl])
+        infos = [item for w in range(len(self.slices)) for item in self._recv(w, "step")]
+        return self._results(slice(0, self.num_envs), infos)
+
+    def get_env_state(self) -> list:
+        return self._call("get_state")
+
+    def set_env_state(self, state: list) -> None:
+        self._call("set_state", state)
+
+    def close(self) -> None:
+        """Stop every worker and reap it, also after an error; killing those that do not stop."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn, proc in zip(self.conns, self.procs):
+            if proc.is_alive():
+                try:
+                    conn.send(("close", None))
+                except (BrokenPipeError, OSError):
+                    pass
+        for proc in self.procs:
+            proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        for conn in self.conns:
+            _PARENT_ENDS.discard(conn)
+            conn.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            self.close()
