@@ -47,7 +47,16 @@ def raw_rate(cfg: EnvConfig, seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-def pool_double_buffered(envs, actions):
+def build(label: str, cfg: EnvConfig, fns: list):
+    if label == "SyncVectorEnv":
+        return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    if label == "AsyncVectorEnv":
+        return AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=AutoresetMode.SAME_STEP)
+    vector = VectorConfig(backend="subproc", double_buffer="double" in label)
+    return make_vector_env(EnvConfig(id=cfg.id, atari=cfg.atari, vector=vector), len(fns))
+
+
+def pool_double_buffered(envs):
     """Steps both halves as the PPO collect loop does: one half steps while the other is handed actions."""
     half = envs.num_envs // 2
 
@@ -79,25 +88,10 @@ def main() -> None:
         actions = [rng.integers(0, space.n, n) for _ in range(1000)]
         results = {}
         limit = raw_rate(cfg, args.seconds) * cores
-        for label, build in [
-            ("SyncVectorEnv", lambda: SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)),
-            ("AsyncVectorEnv", lambda: AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=AutoresetMode.SAME_STEP)),
-            (
-                "rlrun pool",
-                lambda: make_vector_env(
-                    EnvConfig(id=cfg.id, atari=cfg.atari, vector=VectorConfig(backend="subproc")), n
-                ),
-            ),
-            (
-                "rlrun pool, double buffer",
-                lambda: make_vector_env(
-                    EnvConfig(id=cfg.id, atari=cfg.atari, vector=VectorConfig(backend="subproc", double_buffer=True)), n
-                ),
-            ),
-        ]:
-            envs = build()
+        for label in ("SyncVectorEnv", "AsyncVectorEnv", "rlrun pool", "rlrun pool, double buffer"):
+            envs = build(label, cfg, fns)
             envs.reset(seed=0)
-            step = pool_double_buffered(envs, actions) if "double" in label else envs.step
+            step = pool_double_buffered(envs) if "double" in label else envs.step
             results[label] = rate(step, n, actions, args.seconds)
             envs.close()
         base = results["AsyncVectorEnv"]

@@ -72,6 +72,33 @@ def _limit_threads() -> None:
         sys.modules["cv2"].setNumThreads(0)
 
 
+def _handle(
+    command: str, data: list | None, envs: list[gym.Env], offset: int, b: dict[str, np.ndarray], where: list[int]
+) -> list[dict]:
+    """Run one command on this worker's envs; per-env infos go back through the pipe. `where[0]` tracks the
+    env being worked on, for the error report."""
+    infos = []
+    for i, env in enumerate(envs):
+        where[0] = j = offset + i
+        info: dict = {}
+        if command == "step":
+            obs, b["rewards"][j], b["terminated"][j], b["truncated"][j], info = env.step(b["actions"][j])
+            if b["terminated"][j] or b["truncated"][j]:  # autoreset in the same step, as SAME_STEP does
+                b["final_obs"][j] = obs
+                final = {"final_obs": b["final_obs"][j].copy(), "final_info": info}
+                obs, info = env.reset()
+                info = {**final, **info}
+            b["obs"][j] = obs
+        elif command == "reset":
+            b["obs"][j], info = env.reset(seed=None if data is None else data[i])
+        elif command == "get_state":
+            info = env_state(env)
+        elif command == "set_state":
+            load_env_state(env, data[i])
+        infos.append(info)
+    return infos
+
+
 def _worker(
     index: int,
     env_fns: Sequence[Callable[[], gym.Env]],
@@ -85,13 +112,11 @@ def _worker(
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the rank decides
     _limit_threads()
-    obs, final_obs = buffers["obs"], buffers["final_obs"]
-    rewards, terminated, truncated, actions = (buffers[k] for k in ("rewards", "terminated", "truncated", "actions"))
-    current = offset
+    where = [offset]
     envs: list[gym.Env] = []
     try:
         for i, fn in enumerate(env_fns):
-            current = offset + i
+            where[0] = offset + i
             envs.append(fn())
         while True:
             try:
@@ -100,28 +125,9 @@ def _worker(
                 break  # the rank is gone
             if command == "close":
                 break
-            infos = []
-            for i, env in enumerate(envs):
-                current = j = offset + i
-                if command == "step":
-                    o, rewards[j], terminated[j], truncated[j], info = env.step(actions[j])
-                    if terminated[j] or truncated[j]:
-                        final_obs[j] = o
-                        final = {"final_obs": final_obs[j].copy(), "final_info": info}
-                        o, info = env.reset()
-                        info = {**final, **info}
-                    obs[j] = o
-                elif command == "reset":
-                    obs[j], info = env.reset(seed=None if data is None else data[i])
-                elif command == "get_state":
-                    info = env_state(env)
-                elif command == "set_state":
-                    load_env_state(env, data[i])
-                    info = {}
-                infos.append(info)
-            conn.send(("ok", infos))
+            conn.send(("ok", _handle(command, data, envs, offset, buffers, where)))
     except Exception:
-        conn.send(("error", (current, traceback.format_exc())))
+        conn.send(("error", (where[0], traceback.format_exc())))
     finally:
         for env in envs:
             try:
