@@ -59,6 +59,8 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
     RecordEpisodeStatistics sits innermost so logged returns are raw game scores over whole games.
     """
     atari = atari_config(cfg)
+    if atari is not None:
+        _register_ale()
 
     def thunk() -> gym.Env:
         kwargs = dict(cfg.kwargs)
