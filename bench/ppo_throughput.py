@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlrun.config import TrainConfig, register_configs, validate_train
-from rlrun.distributed import single_process
+from rlrun.distributed import from_env
 from rlrun.envs import make_env
 from rlrun.train import train
 
@@ -61,7 +61,7 @@ def rlrun_config(overrides: list[str], threads: int, steps: int | None) -> Train
 
 def run_rlrun(cfg: TrainConfig) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as run_dir:
-        summary = train(cfg, Path(run_dir), single_process("cpu"), "bench: true\n")
+        summary = train(cfg, Path(run_dir), from_env("cpu"), "bench: true\n")
     return summary["sps"], summary["eval_return_mean"]
 
 

@@ -19,10 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.config import (
-    ALGO_CONFIGS,
     PlayConfig,
     TrainConfig,
+    from_yaml,
     register_configs,
+    to_yaml,
     validate_play,
     validate_train,
 )
@@ -63,13 +64,10 @@ def user_errors() -> Iterator[None]:
 
 def typed_from_saved(saved_yaml: str, overrides: list[str] = ()) -> TrainConfig:
     """The TrainConfig stored in a checkpoint, with `key=value` overrides applied on top (resume)."""
-    saved = OmegaConf.create(saved_yaml)
-    base = OmegaConf.structured(TrainConfig)
-    base.algo = OmegaConf.structured(ALGO_CONFIGS[saved.algo.name])
-    merged = OmegaConf.merge(base, saved)
+    merged = OmegaConf.structured(from_yaml(saved_yaml))
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         key = override.key_or_group
-        if key == "resume":
+        if key == "resume" or key.startswith("hydra"):
             continue
         if key in GROUPS:
             raise UserError(f"resume keeps the checkpoint's {key}; override its keys ({key}.x=...) instead")
@@ -91,22 +89,31 @@ def _train_config(cfg: DictConfig, overrides: list[str]) -> tuple[TrainConfig, d
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")
 def train_app(cfg: DictConfig) -> float | None:
-    from rlrun.distributed import single_process
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from rlrun.distributed import from_env, launched_externally
+    from rlrun.launch import launch, root_cause
     from rlrun.train import train
 
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
+    run_dir = Path(hc.runtime.output_dir)
     with user_errors():
         typed, state = _train_config(cfg, overrides)
-        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(replace(typed, resume=None)))
-        summary = train(
-            typed,
-            Path(hc.runtime.output_dir),
-            single_process(typed.device),
-            config_yaml,
-            state,
-            tuple(overrides),
-        )
+        config_yaml = to_yaml(replace(typed, resume=None))
+        d = typed.distributed
+        if d.nproc_per_node * d.nnodes > 1 and not launched_externally():
+            try:
+                summary = launch(typed, run_dir, config_yaml, typed.resume, overrides)
+            except ChildFailedError as e:
+                fail(root_cause(e), code=1)
+            except SignalException as e:
+                sys.exit(128 + int(e.sigval))
+        else:
+            summary = train(typed, run_dir, from_env(typed.device), config_yaml, state, tuple(overrides))
+    if summary is None:  # a node without rank 0
+        return None
     if summary["status"] == "interrupted":
         sys.exit(128 + summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
@@ -265,6 +272,23 @@ def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
     return [*args, f"hydra.run.dir='{run_dir}'", "hydra.output_subdir=null"]
 
 
+def _torchrun_args(args: list[str]) -> list[str]:
+    """Under torchrun every rank runs this CLI. They must share ONE run folder (named by the rendezvous
+    run id, not by each process's clock), and only rank 0 may create files in it."""
+    import os
+
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return args
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        if run_id == "none":
+            run_id = f"{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', '0')}"
+        args = [*args, f"hydra.run.dir=outputs/torchrun/{run_id}"]
+    if os.environ["RANK"] != "0":
+        args = [*args, "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -275,6 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
     with user_errors():
         args = preflight(command, args)
+    if command == "train":
+        args = _torchrun_args(args)
     sys.argv = [f"rlrun {command}", *args]
     APPS[command]()
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from rlrun.errors import UserError
 
@@ -99,6 +99,19 @@ class LoggingConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Ranks: nproc_per_node x nnodes. env.num_envs is per rank (global batch = world size x per-rank
+    batch) and the learning rate is not rescaled."""
+
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""  # host:port of node 0, reachable from every node (nnodes > 1)
+    max_restarts: int = 0  # the elastic agent restarts the whole job this often after a failure
+    start_method: str = "fork"  # fork (fast start) | spawn (fresh interpreters, some GPU setups need it)
+
+
+@dataclass
 class TrainConfig:
     algo: Any = MISSING
     env: EnvConfig = MISSING
@@ -112,6 +125,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 @dataclass
@@ -173,11 +187,24 @@ def validate_train(cfg: TrainConfig) -> None:
     for key in ("eval", "checkpoint", "logging"):
         every = getattr(cfg, key).every_steps
         _check(every >= 0, f"{key}.every_steps={every}: must be >= 0")
+    _validate_distributed(cfg.distributed)
     if isinstance(a, PPOConfig):
-        _validate_ppo(a, cfg.env.num_envs, cfg.total_steps)
+        _validate_ppo(a, cfg.env.num_envs, cfg.total_steps, cfg.distributed.nproc_per_node * cfg.distributed.nnodes)
 
 
-def _validate_ppo(a: PPOConfig, num_envs: int, total_steps: int) -> None:
+def _validate_distributed(d: DistributedConfig) -> None:
+    _check(d.nproc_per_node >= 1, f"distributed.nproc_per_node={d.nproc_per_node}: must be >= 1")
+    _check(d.nnodes >= 1, f"distributed.nnodes={d.nnodes}: must be >= 1")
+    _check(0 <= d.node_rank < d.nnodes, f"distributed.node_rank={d.node_rank}: must be in [0, nnodes)")
+    _check(
+        d.nnodes == 1 or ":" in d.rdzv_endpoint,
+        "distributed.nnodes > 1 needs distributed.rdzv_endpoint=HOST:PORT (node 0's address)",
+    )
+    _check(d.max_restarts >= 0, f"distributed.max_restarts={d.max_restarts}: must be >= 0")
+    _check(d.start_method in ("fork", "spawn"), f"distributed.start_method={d.start_method}: fork or spawn")
+
+
+def _validate_ppo(a: PPOConfig, num_envs: int, total_steps: int, world_size: int) -> None:
     _check(a.lr > 0, f"algo.lr={a.lr}: must be > 0")
     _check(a.num_steps >= 1, f"algo.num_steps={a.num_steps}: must be >= 1")
     _check(0 < a.gamma <= 1, f"algo.gamma={a.gamma}: must be in (0, 1]")
@@ -192,11 +219,24 @@ def _validate_ppo(a: PPOConfig, num_envs: int, total_steps: int) -> None:
         f"algo.num_minibatches={a.num_minibatches} must divide the batch of "
         f"algo.num_steps x env.num_envs = {a.num_steps} x {num_envs} = {batch}",
     )
+    ranks = f" x {world_size} ranks" if world_size > 1 else ""
     _check(
-        total_steps >= batch,
-        f"total_steps={total_steps} is less than one rollout "
-        f"(algo.num_steps x env.num_envs = {batch}); raise total_steps or shrink the rollout",
+        total_steps >= batch * world_size,
+        f"total_steps={total_steps} is less than one rollout (algo.num_steps x env.num_envs{ranks} = "
+        f"{batch * world_size}); raise total_steps or shrink the rollout",
     )
+
+
+def from_yaml(text: str) -> TrainConfig:
+    """The typed TrainConfig from its YAML text (as stored in checkpoints and handed to ranks)."""
+    saved = OmegaConf.create(text)
+    base = OmegaConf.structured(TrainConfig)
+    base.algo = OmegaConf.structured(ALGO_CONFIGS[saved.algo.name])
+    return OmegaConf.to_object(OmegaConf.merge(base, saved))
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def validate_play(cfg: PlayConfig) -> None:

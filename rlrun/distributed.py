@@ -1,23 +1,17 @@
-"""Rank information for the process this runs in. The only module that reads RANK/WORLD_SIZE; with world
-size 1 every reduction is the identity and nothing is wrapped."""
+"""Rank information and collectives for the process this runs in. The only module that reads RANK /
+LOCAL_RANK / WORLD_SIZE and talks to torch.distributed; with world size 1 every reduction is the identity
+and nothing is wrapped, so the same training code runs either way."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from rlrun.algos.normalize import MeanAll, identity
-
-
-@dataclass(frozen=True)
-class RankContext:
-    rank: int
-    local_rank: int
-    world_size: int
-    device: torch.device
-    is_main: bool
-    mean_all: MeanAll = identity
+import torch.distributed as dist
+from torch import Tensor, nn
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -28,6 +22,86 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def single_process(device: str) -> RankContext:
-    """The context of a run on one process."""
-    return RankContext(rank=0, local_rank=0, world_size=1, device=resolve_device(device), is_main=True)
+def launched_externally() -> bool:
+    """Started as one rank of a torchrun (or other elastic) job rather than by rlrun's own launcher."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def init(self) -> None:
+        """Join the process group. Call after forking env workers: gloo starts threads, and a fork after
+        threads start can leave the child hung."""
+        if self.distributed and not dist.is_initialized():
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def mean_all(self, x: Tensor) -> Tensor:
+        """The mean of `x` over ranks (every rank gets it)."""
+        if not self.distributed:
+            return x
+        y = x.detach().clone().to(self.device)
+        dist.all_reduce(y, op=dist.ReduceOp.SUM)
+        return (y / self.world_size).to(x.device)
+
+    def any_all(self, flag: bool) -> bool:
+        """True on every rank if it is True on any rank (e.g. a stop request seen by one rank)."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def all_gather(self, obj: Any) -> list:
+        """`obj` from every rank, in rank order, on every rank (small picklable objects)."""
+        if not self.distributed:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """The learner as training calls it: in DDP when distributed, so its forward syncs gradients."""
+        if not self.distributed:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=ids)
+
+
+def from_env(device: str) -> RankContext:
+    """The context of this process: a rank of a job when RANK/WORLD_SIZE are set, else a single process."""
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return RankContext(rank, local_rank, world_size, local_world_size, resolve_device(device, local_rank))
+
+
+def parameter_digest(module: nn.Module) -> str:
+    """A short hash of all parameter values: equal on every rank when DDP kept them in sync."""
+    h = hashlib.sha256()
+    for p in module.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]

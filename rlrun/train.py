@@ -1,4 +1,4 @@
-"""The rank entry point: build envs, algorithm, logger and checkpointer in order, then run
+"""The rank entry point: build envs, process group, algorithm, logger and checkpointer in that order, then run
 collect -> update -> log -> evaluate -> save until total_steps, and write the summary."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from rlrun.algos import build_algo
 from rlrun.checkpoint import Checkpointer, NullCheckpointer
 from rlrun.config import TrainConfig
-from rlrun.distributed import RankContext
+from rlrun.distributed import RankContext, parameter_digest
 from rlrun.envs import env_seeds, make_vector_env
 from rlrun.evaluation import run_episodes
 from rlrun.logger import NullLogger, RunLogger
@@ -40,15 +40,63 @@ class StopSignal:
             signal.signal(s, handler)
 
 
+class EpisodeLog:
+    """Finished episodes between log lines, gathered from every rank when logged. metrics() is a
+    collective: call it at the same iterations on all ranks."""
+
+    def __init__(self, ctx: RankContext):
+        self.ctx = ctx
+        self.pending: list[tuple[float, int]] = []
+        self.total = 0  # over all ranks, as logged
+        self.own_total = 0  # this rank's
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        self.pending += zip(returns.tolist(), lengths.tolist())
+        self.own_total += len(returns)
+
+    def metrics(self) -> dict:
+        episodes = [e for rank in self.ctx.all_gather(self.pending) for e in rank]
+        self.pending = []
+        self.total += len(episodes)
+        if not episodes:
+            return {}
+        return {
+            "charts/episodic_return": float(np.mean([r for r, _ in episodes])),
+            "charts/episodic_length": float(np.mean([n for _, n in episodes])),
+            "charts/episodes": len(episodes),
+        }
+
+
+def crossed(before: int, after: int, every: int) -> bool:
+    """Whether a multiple of `every` lies in (before, after]; never for every == 0."""
+    return every > 0 and after // every > before // every
+
+
 def _env_state(envs) -> list | None:
     """The envs' own state for exact resume, or None when any env cannot be restored."""
     state = envs.get_env_state()
     return None if any(s is None for s in state) else state
 
 
-def crossed(before: int, after: int, every: int) -> bool:
-    """Whether a multiple of `every` lies in (before, after]; never for every == 0."""
-    return every > 0 and after // every > before // every
+def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episodes_log: EpisodeLog) -> None:
+    """Continue from a checkpoint: shared state for all, and each rank's own RNG, envs, cursor and the
+    episodes it had finished but not yet logged."""
+    algo.load_state_dict(state["algo"])
+    ranks = state["ranks"]
+    mine = ranks[ctx.rank] if len(ranks) == ctx.world_size else None
+    if mine:
+        torch.set_rng_state(mine["rng"])
+    else:
+        torch.manual_seed(cfg.seed + ctx.rank + 1000 * state["iteration"])
+    if mine:
+        episodes_log.pending = [(float(r), int(n)) for r, n in mine["episodes"]]
+        episodes_log.own_total = mine["own_episodes"]
+    if mine and mine["envs"] is not None:
+        envs.set_env_state(mine["envs"])
+        algo.load_cursor_state(mine["cursor"])
+    else:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
+        seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
+        algo.next_obs, _ = envs.reset(seed=seeds)
 
 
 def train(
@@ -59,15 +107,20 @@ def train(
     resume_state: dict | None = None,
     overrides: tuple[str, ...] = (),
 ) -> dict:
-    """Train on this rank; returns the summary (also written to run_dir/summary.json on the main rank)."""
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ctx.world_size))
+    """Train on this rank; returns the summary (written to run_dir/summary.json by the main rank)."""
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ctx.local_world_size))
     if cfg.torch_deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+    # Env workers fork here, before the process group starts gloo's threads and before any threaded torch
+    # op: a fork after those can hang the child. Only the main rank evaluates.
     envs = make_vector_env(cfg.env, cfg.env.num_envs, train=True)
-    eval_envs = make_vector_env(cfg.env, min(cfg.eval.num_envs, cfg.eval.episodes), train=False)
+    eval_envs = (
+        make_vector_env(cfg.env, min(cfg.eval.num_envs, cfg.eval.episodes), train=False) if ctx.is_main else None
+    )
     stop = StopSignal()
     try:
+        ctx.init()
         return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop)
     except Exception as e:
         if ctx.is_main:  # a sweep's report reads why this run failed
@@ -77,34 +130,27 @@ def train(
     finally:
         stop.restore()
         envs.close()
-        eval_envs.close()
+        if eval_envs is not None:
+            eval_envs.close()
+        ctx.close()
 
 
 def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop) -> dict:
     torch.manual_seed(cfg.seed + ctx.rank)
-    algo = build_algo(
-        cfg.algo,
-        cfg.model,
-        envs.single_observation_space,
-        envs.single_action_space,
-        cfg.env.num_envs,
-        ctx.device,
-        ctx.mean_all,
-    )
+    obs_space, action_space = envs.single_observation_space, envs.single_action_space
+    algo = build_algo(cfg.algo, cfg.model, obs_space, action_space, cfg.env.num_envs, ctx.device, ctx.mean_all)
+    shapes = ctx.all_gather(algo.update_shape)
+    if len(set(shapes)) > 1:  # unequal minibatch counts would hang DDP's all-reduce: fail instead
+        raise RuntimeError(f"ranks disagree on (minibatch size, minibatches, epochs): {shapes}")
+    algo.learner = ctx.wrap(algo.learner)  # DDP broadcasts rank 0's parameters here
     steps_per_iteration = algo.steps_per_collect * ctx.world_size
     num_iterations = cfg.total_steps // steps_per_iteration
     env_steps = iteration = 0
     algo.next_obs, _ = envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))
+    episodes_log = EpisodeLog(ctx)
     if resume_state is not None:
         env_steps, iteration = resume_state["env_steps"], resume_state["iteration"]
-        algo.load_state_dict(resume_state["algo"])
-        torch.set_rng_state(resume_state["rng"]["torch"])
-        if resume_state["envs"] is not None:
-            envs.set_env_state(resume_state["envs"])
-        else:  # envs without plain-data state continue with fresh episodes on a new seed stream
-            seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + iteration)
-            algo.next_obs, _ = envs.reset(seed=seeds)
-
+        _restore(resume_state, cfg, ctx, algo, envs, episodes_log)
     logger = (
         RunLogger(run_dir, cfg.total_steps, env_steps, cfg.logging.progress, cfg.logging.tensorboard)
         if ctx.is_main
@@ -113,89 +159,81 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     checkpointer = (
         Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
-    eval_seeds = env_seeds(cfg.seed, ctx.rank, eval_envs.num_envs, stream=1)
 
     def evaluate() -> np.ndarray:
-        # Evaluation draws nothing from the training RNG stream, so it cannot change training.
+        # Main rank only, and no collective inside. It draws nothing from the training RNG stream.
         with torch.random.fork_rng(devices=[]):
-            returns, _ = run_episodes(
-                eval_envs, lambda o: algo.act(o, cfg.eval.deterministic), cfg.eval.episodes, eval_seeds
-            )
-        return returns
+            seeds = env_seeds(cfg.seed, 0, eval_envs.num_envs, stream=1)
+            act = lambda o: algo.act(o, cfg.eval.deterministic)  # noqa: E731
+            return run_episodes(eval_envs, act, cfg.eval.episodes, seeds)[0]
 
-    def state() -> dict:
-        return {
-            "config": config_yaml,
-            "iteration": iteration,
-            "algo": algo.state_dict(),
-            "rng": {"torch": torch.get_rng_state()},
+    def save() -> Path | None:
+        # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes.
+        own = {
+            "rng": torch.get_rng_state(),
             "envs": _env_state(envs),
+            "cursor": algo.cursor_state(),
+            "episodes": [list(e) for e in episodes_log.pending],
+            "own_episodes": episodes_log.own_total,
         }
+        state = {"config": config_yaml, "iteration": iteration, "algo": algo.state_dict(), "ranks": ctx.all_gather(own)}
+        return checkpointer.save(state, env_steps)
 
     logger.info(
-        "run folder %s: %s on %s, %d env steps (%d iterations of %d)",
+        "run folder %s: %s on %s, %d env steps (%d iterations of %d, %d rank%s)",
         run_dir,
         cfg.algo.name,
         cfg.env.id,
         cfg.total_steps,
         num_iterations,
         steps_per_iteration,
+        ctx.world_size,
+        "s" if ctx.distributed else "",
     )
     start_time, start_steps = time.perf_counter(), env_steps
     recent: deque[float] = deque(maxlen=100)
-    interval_returns: list[float] = []
-    interval_lengths: list[int] = []
     eval_returns = None
-    while iteration < num_iterations and stop.signum is None:
+    while iteration < num_iterations:
+        if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
+            break
         episodes = algo.collect(envs)
         stats = algo.update(progress=env_steps / cfg.total_steps)
         before, env_steps, iteration = env_steps, env_steps + steps_per_iteration, iteration + 1
+        episodes_log.add(episodes["episode_returns"], episodes["episode_lengths"])
         recent.extend(episodes["episode_returns"].tolist())
-        interval_returns += episodes["episode_returns"].tolist()
-        interval_lengths += episodes["episode_lengths"].tolist()
         sps = (env_steps - start_steps) / (time.perf_counter() - start_time)
         logger.progress(env_steps, sps, float(np.mean(recent)) if recent else None)
-        metrics = {}
-        if crossed(before, env_steps, cfg.eval.every_steps) and iteration < num_iterations:
-            eval_returns = evaluate()
-            metrics |= {
-                "eval/return_mean": float(eval_returns.mean()),
-                "eval/return_std": float(eval_returns.std()),
-            }
-            logger.info(
-                "eval at %d env steps: return %.2f +- %.2f",
-                env_steps,
-                eval_returns.mean(),
-                eval_returns.std(),
-            )
-        if crossed(before, env_steps, cfg.logging.every_steps) or metrics:
-            metrics |= {f"losses/{k}": v for k, v in stats.items() if k not in ("learning_rate", "epochs")}
+        last = iteration == num_iterations
+        eval_now = crossed(before, env_steps, cfg.eval.every_steps) and not last
+        if crossed(before, env_steps, cfg.logging.every_steps) or eval_now:
+            metrics = {f"losses/{k}": v for k, v in stats.items() if k not in ("learning_rate", "epochs")}
             metrics |= {
                 "charts/learning_rate": stats["learning_rate"],
                 "charts/iteration": iteration,
                 "charts/sps": sps,
+                **episodes_log.metrics(),
             }
-            if interval_returns:
+            if eval_now and ctx.is_main:
+                eval_returns = evaluate()
                 metrics |= {
-                    "charts/episodic_return": float(np.mean(interval_returns)),
-                    "charts/episodic_length": float(np.mean(interval_lengths)),
-                    "charts/episodes": len(interval_returns),
+                    "eval/return_mean": float(eval_returns.mean()),
+                    "eval/return_std": float(eval_returns.std()),
                 }
-                interval_returns, interval_lengths = [], []
+                logger.info(
+                    "eval at %d env steps: return %.2f +- %.2f", env_steps, eval_returns.mean(), eval_returns.std()
+                )
             logger.log(env_steps, metrics)
-        if crossed(before, env_steps, cfg.checkpoint.every_steps) and iteration < num_iterations:
-            checkpointer.save(state(), env_steps)
+        if crossed(before, env_steps, cfg.checkpoint.every_steps) and not last:
+            save()
 
     loop_seconds = time.perf_counter() - start_time
     interrupted = stop.signum is not None
-    if not interrupted:
+    final_metrics = episodes_log.metrics()
+    if ctx.is_main and not interrupted:
         eval_returns = evaluate()
-        logger.log(
-            env_steps,
-            {"eval/return_mean": float(eval_returns.mean()), "eval/return_std": float(eval_returns.std())},
-        )
-    final = checkpointer.save(state(), env_steps)
-    wall = time.perf_counter() - start_time
+        final_metrics |= {"eval/return_mean": float(eval_returns.mean()), "eval/return_std": float(eval_returns.std())}
+    logger.log(env_steps, final_metrics)
+    final = save()
     summary = {
         "status": "interrupted" if interrupted else "completed",
         "signal": stop.signum,
@@ -204,27 +242,40 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         "seed": cfg.seed,
         "env_steps": env_steps,
         "iterations": iteration,
-        "wall_seconds": round(wall, 3),
+        "wall_seconds": round(time.perf_counter() - start_time, 3),
         "sps": round((env_steps - start_steps) / loop_seconds, 1) if loop_seconds > 0 else None,
-        "eval_return_mean": None if eval_returns is None else float(eval_returns.mean()),
-        "eval_return_std": None if eval_returns is None else float(eval_returns.std()),
-        "eval_episodes": None if eval_returns is None else len(eval_returns),
+        **_eval_summary(eval_returns),
         "final_checkpoint": str(final) if final else None,
         "overrides": list(overrides),
         "world_size": ctx.world_size,
+        "episodes": episodes_log.total,
+        "episodes_per_rank": ctx.all_gather(episodes_log.own_total),
+        "parameter_digests": ctx.all_gather(parameter_digest(algo.model)),  # equal when DDP kept ranks in sync
     }
     if interrupted:
         logger.info("stopped by signal %d at %d env steps; checkpoint %s", stop.signum, env_steps, final)
     else:
         logger.info(
-            "done: %d env steps in %.1f s (%.0f sps), eval return %.2f +- %.2f over %d episodes",
+            "done: %d env steps in %.1f s (%.0f sps); eval return %s",
             env_steps,
-            wall,
+            summary["wall_seconds"],
             summary["sps"] or 0,
-            eval_returns.mean(),
-            eval_returns.std(),
-            len(eval_returns),
+            _eval_text(eval_returns),
         )
     logger.summary(summary)
     logger.close()
     return summary
+
+
+def _eval_summary(returns: np.ndarray | None) -> dict:
+    if returns is None:
+        return {"eval_return_mean": None, "eval_return_std": None, "eval_episodes": None}
+    return {
+        "eval_return_mean": float(returns.mean()),
+        "eval_return_std": float(returns.std()),
+        "eval_episodes": len(returns),
+    }
+
+
+def _eval_text(returns: np.ndarray | None) -> str:
+    return "-" if returns is None else f"{returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"

@@ -234,14 +234,19 @@ class PPO:
         action, _, _ = self.model.act(self.preprocess(obs), deterministic)
         return action.cpu().numpy()
 
+    @property
+    def update_shape(self) -> tuple[int, int, int]:
+        """(minibatch size, minibatches per epoch, epochs): every rank must agree on it, or DDP hangs."""
+        c = self.cfg
+        return self.steps_per_collect // c.num_minibatches, c.num_minibatches, c.update_epochs
+
     def state_dict(self) -> dict:
+        """What every rank shares: networks, optimizer, normalizers."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "obs_rms": self.obs_rms.state_dict() if self.obs_rms else None,
             "ret_rms": self.ret_rms.state_dict() if self.ret_rms else None,
-            "next_obs": None if self.next_obs is None else torch.from_numpy(np.array(self.next_obs)),
-            "discounted_return": torch.from_numpy(self.discounted_return.copy()),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -251,7 +256,16 @@ class PPO:
             self.obs_rms.load_state_dict(state["obs_rms"])
         if self.ret_rms is not None:
             self.ret_rms.load_state_dict(state["ret_rms"])
-        self.next_obs = None if state["next_obs"] is None else state["next_obs"].numpy().copy()
+
+    def cursor_state(self) -> dict:
+        """What is this rank's own: where its envs are (the next observation, the running returns)."""
+        return {
+            "next_obs": torch.from_numpy(np.array(self.next_obs)),
+            "discounted_return": torch.from_numpy(self.discounted_return.copy()),
+        }
+
+    def load_cursor_state(self, state: dict) -> None:
+        self.next_obs = state["next_obs"].numpy().copy()
         self.discounted_return = state["discounted_return"].numpy().copy()
 
 
