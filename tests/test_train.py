@@ -138,7 +138,7 @@ def test_breakout_smoke_run_then_play(tmp_path):
         "logging.progress=plain",
     )
     state = final_state(run)
-    assert state["env_steps"] == 2048 and state["algo"]["next_obs"].shape == (4, 4, 84, 84)
+    assert state["env_steps"] == 2048 and state["ranks"][0]["cursor"]["next_obs"].shape == (4, 4, 84, 84)
     out = rlrun(
         "play",
         f"checkpoint={run}",
