@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) $(TORCH)
-	$(PIP) -e '.[atari,video,dev]'
+	$(PIP) -e '.[atari,video,sweep,report,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
-	$(PIP) -e '.[atari,video,dev,bench]'
+	$(PIP) -e '.[atari,video,sweep,report,dev,bench]'
 	OMP_NUM_THREADS=1 $(PY) bench/ppo_throughput.py
 
 lint: $(STAMP)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
+import logging
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -33,6 +36,7 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
     "play": "run a trained agent:  rlrun play checkpoint=PATH [episodes=10 video=true]",
+    "report": "summarize a sweep or a folder of runs:  rlrun report outputs/multirun/DATE/TIME",
 }
 GROUPS = ("algo", "env", "model", "tuned")
 USAGE = (
@@ -52,14 +56,13 @@ def fail(message: str, code: int = 2) -> None:
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """User mistakes end with one line (exit 2); a failed env worker with its own traceback, once (exit 1)."""
-    from rlrun.envs.pool import EnvWorkerError
-
     try:
         yield
-    except UserError as e:
-        fail(str(e))
-    except EnvWorkerError as e:
-        fail(str(e), code=1)
+    except Exception as e:
+        known = _known_error(e)
+        if known is None:
+            raise
+        fail(*known)
 
 
 def typed_from_saved(saved_yaml: str, overrides: list[str] = ()) -> TrainConfig:
@@ -87,31 +90,71 @@ def _train_config(cfg: DictConfig, overrides: list[str]) -> tuple[TrainConfig, d
     return typed, state
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")
-def train_app(cfg: DictConfig) -> float | None:
+def _job_threads(typed: TrainConfig, hc) -> TrainConfig:
+    """Parallel sweep jobs (joblib launcher) split the cores between them instead of each taking all."""
+    n_jobs = OmegaConf.select(hc.launcher, "n_jobs", default=None)
+    if typed.threads or not n_jobs:
+        return typed
+    cores = os.cpu_count() or 1
+    return replace(typed, threads=max(1, cores // (cores if n_jobs < 0 else n_jobs)))
+
+
+def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from rlrun.distributed import from_env, launched_externally
-    from rlrun.launch import launch, root_cause
+    from rlrun.launch import launch
     from rlrun.train import train
+
+    typed, state = _train_config(cfg, overrides)
+    typed = _job_threads(typed, hc)
+    config_yaml = to_yaml(replace(typed, resume=None))
+    d = typed.distributed
+    if d.nproc_per_node * d.nnodes > 1 and not launched_externally():
+        try:
+            return launch(typed, run_dir, config_yaml, typed.resume, overrides)
+        except SignalException as e:
+            sys.exit(128 + int(e.sigval))
+    return train(typed, run_dir, from_env(typed.device), config_yaml, state, tuple(overrides))
+
+
+def _known_error(e: BaseException) -> tuple[str, int] | None:
+    """(message, exit code) for errors rlrun explains itself; None for a bug, which keeps its traceback."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from rlrun.envs.pool import EnvWorkerError
+    from rlrun.launch import root_cause
+
+    if isinstance(e, UserError):
+        return str(e), 2
+    if isinstance(e, EnvWorkerError):
+        return str(e), 1
+    if isinstance(e, ChildFailedError):
+        return root_cause(e), 1
+    return None
+
+
+@hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")
+def train_app(cfg: DictConfig) -> float | None:
+    from hydra.types import RunMode
 
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
     run_dir = Path(hc.runtime.output_dir)
-    with user_errors():
-        typed, state = _train_config(cfg, overrides)
-        config_yaml = to_yaml(replace(typed, resume=None))
-        d = typed.distributed
-        if d.nproc_per_node * d.nnodes > 1 and not launched_externally():
-            try:
-                summary = launch(typed, run_dir, config_yaml, typed.resume, overrides)
-            except ChildFailedError as e:
-                fail(root_cause(e), code=1)
-            except SignalException as e:
-                sys.exit(128 + int(e.sigval))
-        else:
-            summary = train(typed, run_dir, from_env(typed.device), config_yaml, state, tuple(overrides))
+    try:
+        summary = _train_job(cfg, hc, overrides, run_dir)
+    except Exception as e:
+        known = _known_error(e)
+        if hc.mode != RunMode.MULTIRUN:
+            if known is None:
+                raise
+            fail(*known)
+        # One job of a sweep: record why it failed and let the sweep go on (a sweeper sees nan).
+        message = known[0] if known else f"{type(e).__name__}: {e}"
+        logging.getLogger("rlrun").error("job %s failed: %s", hc.job.num, message)
+        failed = {"status": "failed", "error": message, "overrides": overrides}
+        (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        return float("nan")
     if summary is None:  # a node without rank 0
         return None
     if summary["status"] == "interrupted":
@@ -275,8 +318,6 @@ def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
 def _torchrun_args(args: list[str]) -> list[str]:
     """Under torchrun every rank runs this CLI. They must share ONE run folder (named by the rendezvous
     run id, not by each process's clock), and only rank 0 may create files in it."""
-    import os
-
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) == 1:
         return args
     if not any(a.startswith("hydra.run.dir=") for a in args):
@@ -289,6 +330,17 @@ def _torchrun_args(args: list[str]) -> list[str]:
     return args
 
 
+def _report(args: list[str]) -> None:
+    import argparse
+
+    from rlrun.report import report
+
+    parser = argparse.ArgumentParser(prog="rlrun report", description=COMMANDS["report"])
+    parser.add_argument("path", type=Path, help="a multirun folder, or any folder holding run folders")
+    with user_errors():
+        report(parser.parse_args(args).path)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -297,6 +349,9 @@ def main(argv: list[str] | None = None) -> None:
     command, args = argv[0], argv[1:]
     if command not in COMMANDS:
         fail(f"unknown command '{command}'; choose one of: {', '.join(COMMANDS)}")
+    if command == "report":
+        _report(args)
+        return
     with user_errors():
         args = preflight(command, args)
     if command == "train":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -28,7 +29,9 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():  # not so in some sweep launchers' workers
+            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum is not None:
@@ -248,6 +251,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         "final_checkpoint": str(final) if final else None,
         "overrides": list(overrides),
         "world_size": ctx.world_size,
+        "threads": torch.get_num_threads(),
         "episodes": episodes_log.total,
         "episodes_per_rank": ctx.all_gather(episodes_log.own_total),
         "parameter_digests": ctx.all_gather(parameter_digest(algo.model)),  # equal when DDP kept ranks in sync

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import sys
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -28,7 +29,10 @@ def _register_ale() -> None:
 
 
 def import_env_modules(modules: list[str]) -> None:
-    """Import the modules named in env.imports, which register users' own envs (gym.register)."""
+    """Import the modules named in env.imports, which register users' own envs (gym.register). Modules in
+    the working directory count, as they do for `python -m`."""
+    if modules and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     for name in modules:
         try:
             importlib.import_module(name)

@@ -1,0 +1,163 @@
+"""Sweeps through the real CLI (basic and joblib launchers, the Optuna sweeper) and `rlrun report` on them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from rlrun.report import find_runs, group_runs, interquartile_mean, plot_curves
+from tests.conftest import rlrun
+
+SHORT = ["total_steps=2048", "eval.episodes=2", "eval.num_envs=2", "eval.every_steps=1024", "logging.progress=none"]
+FRAGILE = (
+    "import gymnasium as gym\n"
+    "class Fragile(gym.Wrapper):\n"
+    "    def __init__(self):\n"
+    "        super().__init__(gym.make('CartPole-v1'))\n"
+    "        self.t = 0\n"
+    "    def step(self, action):\n"
+    "        self.t += 1\n"
+    "        if self.t == 100:\n"
+    "            raise RuntimeError('fragile env broke')\n"
+    "        return self.env.step(action)\n"
+    "gym.register('Fragile-v0', entry_point=Fragile)\n"
+)
+
+
+def summaries(sweep: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/summary.json")}
+
+
+def test_interquartile_mean_drops_the_outer_quarters():
+    assert interquartile_mean(np.array([7, 1, 100, 2, 3, 4, 5, 6.0])) == 4.5  # mean of 3, 4, 5, 6
+    assert interquartile_mean(np.array([1.0, 2.0, 9.0])) == 4.0  # fewer than 4: all of them
+    assert np.isnan(interquartile_mean(np.array([])))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sweep_then_report_matches_the_runs_own_summaries(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = rlrun(
+        "train", "-m", "algo.lr=1e-3,3e-4", "seed=1,2", *SHORT, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = summaries(sweep)
+    assert len(runs) == 4 and all(s["status"] == "completed" for s in runs.values())
+
+    out = rlrun("report", str(sweep), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "algo.lr=0.001" in out.stdout and "algo.lr=0.0003" in out.stdout
+    groups = {g.name: g.row() for g in group_runs(find_runs(sweep))}
+    assert set(groups) == {"algo.lr=0.001", "algo.lr=0.0003"}
+    for name, row in groups.items():
+        lr = name.split("=")[1]
+        finals = [s["eval_return_mean"] for s in runs.values() if f"algo.lr={lr}" in s["overrides"]]
+        assert row["runs"] == 2 and row["failed"] == 0
+        assert row["mean"] == pytest.approx(np.mean(finals)) and row["std"] == pytest.approx(np.std(finals))
+        assert row["best"] == max(finals) and row["iqm"] == pytest.approx(np.mean(finals))
+    markdown = (sweep / "report.md").read_text()
+    assert "| algo.lr=0.001 | 2 | 0 |" in markdown
+    png = (sweep / "learning_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    _, labels = plot_curves(tmp_path, group_runs(find_runs(sweep)))
+    assert sorted(labels) == ["algo.lr=0.0003", "algo.lr=0.001"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+    (tmp_path / "fragile_envs.py").write_text(FRAGILE)
+    sweep = tmp_path / "sweep"
+    out = rlrun(
+        "train",
+        "-m",
+        "env.id=Fragile-v0,CartPole-v1",
+        "env.imports=[fragile_envs]",
+        *SHORT,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = summaries(sweep)
+    assert runs["0"]["status"] == "failed" and "fragile env broke" in runs["0"]["error"]
+    assert runs["1"]["status"] == "completed"
+    rows = {g.name: g.row() for g in group_runs(find_runs(sweep))}
+    assert rows["env.id=Fragile-v0"]["failed"] == 1 and rows["env.id=CartPole-v1"]["failed"] == 0
+    assert list(rows)[0] == "env.id=CartPole-v1"  # groups with a score come first
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_joblib_jobs_run_in_parallel_and_split_the_cores(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = rlrun(
+        "train",
+        "-m",
+        "seed=1,2",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        *SHORT,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = summaries(sweep)
+    assert len(runs) == 2 and all(s["status"] == "completed" for s in runs.values())
+    assert all(s["threads"] == max(1, (os.cpu_count() or 1) // 2) for s in runs.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_optuna_sweeper_runs_trials_and_maximizes_the_returned_eval(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = rlrun(
+        "train",
+        "-m",
+        "+sweep=ppo_cartpole_optuna",
+        "hydra.sweeper.n_trials=3",
+        *SHORT,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = summaries(sweep)
+    assert len(runs) == 3
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_value"]
+    assert best == max(s["eval_return_mean"] for s in runs.values())
+
+
+def test_report_bad_input(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = rlrun("report", str(empty), cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip().startswith("rlrun: error: report: no runs under")
+    assert len(out.stderr.strip().splitlines()) == 1
+    good, bad = tmp_path / "runs" / "good", tmp_path / "runs" / "bad"
+    for folder in (good, bad):
+        folder.mkdir(parents=True)
+    (good / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "eval_return_mean": 10.0,
+                "env_steps": 100,
+                "wall_seconds": 1.0,
+                "sps": 100.0,
+                "overrides": ["algo.lr=0.1"],
+            }
+        )
+    )
+    (bad / "summary.json").write_text('{"status": "compl')
+    out = rlrun("report", str(tmp_path / "runs"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "unreadable summary" in out.stderr + out.stdout
+    assert (tmp_path / "runs" / "report.md").exists() and "algo.lr=0.1" in out.stdout
