@@ -20,10 +20,23 @@ from pathlib import Path
 def run(ranks: int, iterations: int, env: str, folder: Path) -> tuple[float, float]:
     """(global SPS from the run's summary, seconds from command to the first iteration's start)."""
     per_iteration = 8 * 128 * ranks
-    cmd = [sys.executable, "-m", "rlrun", "train", f"env={env}", f"distributed.nproc_per_node={ranks}",
-           f"total_steps={per_iteration * iterations}", "eval.every_steps=0", "eval.episodes=1", "eval.num_envs=1",
-           "checkpoint.every_steps=0", "logging.progress=plain", "logging.tensorboard=false",
-           f"logging.every_steps={per_iteration}", f"hydra.run.dir={folder}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlrun",
+        "train",
+        f"env={env}",
+        f"distributed.nproc_per_node={ranks}",
+        f"total_steps={per_iteration * iterations}",
+        "eval.every_steps=0",
+        "eval.episodes=1",
+        "eval.num_envs=1",
+        "checkpoint.every_steps=0",
+        "logging.progress=plain",
+        "logging.tensorboard=false",
+        f"logging.every_steps={per_iteration}",
+        f"hydra.run.dir={folder}",
+    ]
     env_vars = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_vars)

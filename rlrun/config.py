@@ -119,7 +119,7 @@ class TrainConfig:
     seed: int = 1
     total_steps: int = 100_000  # env steps, summed over envs
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    threads: int = 0  # torch intra-op threads; 0 picks one per core
+    threads: int = 0  # torch intra-op threads per rank; 0: 1 for mlp, else cores / ranks on the node
     torch_deterministic: bool = True
     resume: str | None = None  # a checkpoint file or a run folder
     eval: EvalConfig = field(default_factory=EvalConfig)

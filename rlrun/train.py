@@ -70,6 +70,12 @@ class EpisodeLog:
         }
 
 
+def auto_threads(model: str, local_ranks: int) -> int:
+    """torch threads per rank when not configured: one for MLPs, whose small ops gain nothing from more
+    and slow down badly when the cores are contended; for CNNs, the cores split between this node's ranks."""
+    return 1 if model == "mlp" else max(1, (os.cpu_count() or 1) // local_ranks)
+
+
 def crossed(before: int, after: int, every: int) -> bool:
     """Whether a multiple of `every` lies in (before, after]; never for every == 0."""
     return every > 0 and after // every > before // every
@@ -111,7 +117,7 @@ def train(
     overrides: tuple[str, ...] = (),
 ) -> dict:
     """Train on this rank; returns the summary (written to run_dir/summary.json by the main rank)."""
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ctx.local_world_size))
+    torch.set_num_threads(cfg.threads or auto_threads(cfg.model.name, ctx.local_world_size))
     if cfg.torch_deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
