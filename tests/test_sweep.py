@@ -161,3 +161,33 @@ def test_report_bad_input(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "unreadable summary" in out.stderr + out.stdout
     assert (tmp_path / "runs" / "report.md").exists() and "algo.lr=0.1" in out.stdout
+
+
+def test_report_on_a_sweep_still_running(tmp_path):
+    """A job without a summary yet counts as running; its partial learning curve is drawn."""
+    done, running = tmp_path / "0", tmp_path / "1"
+    for folder, lr in ((done, "0.1"), (running, "0.2")):
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- algo.lr={lr}\n- seed=1\n")
+        lines = [json.dumps({"env_steps": 100 * i, "charts/episodic_return": float(i)}) for i in range(1, 4)]
+        (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n" + '{"env_steps": 4')  # mid-write
+    (done / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "eval_return_mean": 3.0,
+                "env_steps": 300,
+                "wall_seconds": 1.0,
+                "sps": 300.0,
+                "overrides": ["algo.lr=0.1", "seed=1"],
+            }
+        )
+    )
+    runs = {r.path.name: r for r in find_runs(tmp_path)}
+    assert runs["0"].status == "completed" and runs["1"].status == "running"
+    assert runs["1"].curve[0].tolist() == [100.0, 200.0, 300.0]
+    rows = {g.name: g.row() for g in group_runs(list(runs.values()))}
+    assert rows["algo.lr=0.1"]["mean"] == 3.0 and rows["algo.lr=0.2"]["runs"] == 1
+    assert rows["algo.lr=0.2"]["failed"] == 0
+    _, labels = plot_curves(tmp_path, group_runs(list(runs.values())))
+    assert sorted(labels) == ["algo.lr=0.1", "algo.lr=0.2"]
