@@ -71,11 +71,75 @@ def pool_double_buffered(envs):
     return step
 
 
+class AsyncGroups(AsyncVectorEnv):
+    """gymnasium's AsyncVectorEnv behind the send/recv interface PPO's collect loop uses (one group)."""
+
+    def __init__(self, fns):
+        super().__init__(fns, shared_memory=True, autoreset_mode=AutoresetMode.SAME_STEP)
+        self.groups = [slice(0, self.num_envs)]
+
+    def send(self, group, actions):
+        self.step_async(actions)
+
+    def recv(self, group):
+        return self.step_wait()
+
+
+def ppo_end_to_end(iterations: int) -> None:
+    """PPO on Breakout (8 envs, Nature CNN, CleanRL's Atari settings): collect and update time per
+    iteration with the worker pool vs AsyncVectorEnv, same seeds, same process."""
+    import torch
+
+    from rlrun.algos.ppo import PPO
+    from rlrun.config import ModelConfig, PPOConfig
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig(), vector=VectorConfig(backend="subproc"))
+    model = ModelConfig(name="nature_cnn", hidden_sizes=[512], activation="relu", shared=True)
+    rows = {}
+    for label in ("AsyncVectorEnv", "rlrun pool", "rlrun pool, double buffer"):
+        if label == "AsyncVectorEnv":
+            envs = AsyncGroups([make_env(cfg, True) for _ in range(8)])
+        else:
+            vector = VectorConfig(backend="subproc", double_buffer="double" in label)
+            envs = make_vector_env(EnvConfig(id=cfg.id, atari=cfg.atari, vector=vector), 8)
+        torch.manual_seed(0)
+        algo = PPO(
+            PPOConfig(clip_coef=0.1),
+            model,
+            envs.single_observation_space,
+            envs.single_action_space,
+            8,
+            torch.device("cpu"),
+        )
+        algo.next_obs = np.array(envs.reset(seed=0)[0])
+        collect = update = 0.0
+        for _ in range(iterations):
+            t = time.perf_counter()
+            algo.collect(envs)
+            collect += time.perf_counter() - t
+            t = time.perf_counter()
+            algo.update(0.0)
+            update += time.perf_counter() - t
+        envs.close()
+        rows[label] = (collect, update)
+    base = sum(rows["AsyncVectorEnv"])
+    print(f"\nPPO on Breakout, 8 envs, {iterations} iterations of 1024 steps")
+    print("| vector env | collect s/iter | update s/iter | SPS | vs AsyncVectorEnv |")
+    print("|---|---|---|---|---|")
+    for label, (c, u) in rows.items():
+        print(
+            f"| {label} | {c / iterations:.2f} | {u / iterations:.2f} | {1024 * iterations / (c + u):.0f} | "
+            f"{base / (c + u):.2f}x |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--envs", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--only", choices=list(CASES))
+    parser.add_argument("--ppo-iterations", type=int, default=3, help="PPO end to end on Breakout (0: skip)")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     for name, cfg in CASES.items():
@@ -103,6 +167,8 @@ def main() -> None:
         print("|---|---|---|---|")
         for label, sps in results.items():
             print(f"| {label} | {sps:.0f} | {sps / base:.2f}x | {sps / limit:.0%} |")
+    if args.ppo_iterations:
+        ppo_end_to_end(args.ppo_iterations)
 
 
 if __name__ == "__main__":
