@@ -78,16 +78,23 @@ def typed_from_saved(saved_yaml: str, overrides: list[str] = ()) -> TrainConfig:
     return OmegaConf.to_object(merged)
 
 
-def _train_config(cfg: DictConfig, overrides: list[str]) -> tuple[TrainConfig, dict | None]:
+def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
+    """The checkpoint's config with the command line's key=value overrides on top, checked, and the
+    checkpoint itself."""
     from rlrun.checkpoint import load_checkpoint
 
-    typed: TrainConfig = OmegaConf.to_object(cfg)
-    state = None
-    if typed.resume is not None:
-        state = load_checkpoint(typed.resume)
-        typed = replace(typed_from_saved(state["config"], overrides), resume=typed.resume)
+    state = load_checkpoint(resume)
+    typed = replace(typed_from_saved(state["config"], overrides), resume=resume)
     validate_train(typed)
     return typed, state
+
+
+def _train_config(cfg: DictConfig, overrides: list[str]) -> tuple[TrainConfig, dict | None]:
+    typed: TrainConfig = OmegaConf.to_object(cfg)
+    if typed.resume is not None:
+        return resumed_config(typed.resume, overrides)
+    validate_train(typed)
+    return typed, None
 
 
 def _job_threads(typed: TrainConfig, hc) -> TrainConfig:
@@ -300,15 +307,13 @@ def _preflight_train(typed: TrainConfig, overrides: list[str], args: list[str]) 
 
 def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
     """Resuming continues in the checkpoint's run folder and keeps that folder's .hydra/ as it was."""
-    from rlrun.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
+    from rlrun.checkpoint import resolve_checkpoint, run_dir_of
 
     resume = [o for o in OverridesParser.create().parse_overrides(overrides) if o.key_or_group == "resume"]
     if not resume or resume[0].value() is None:
         return args
     path = resolve_checkpoint(resume[0].value())
-    state = load_checkpoint(path)
-    typed = typed_from_saved(state["config"], overrides)
-    validate_train(typed)
+    resumed_config(str(path), overrides)  # a bad checkpoint or override fails here, before any run folder
     run_dir = run_dir_of(path)
     if run_dir is None or any(a.startswith("hydra.run.dir=") for a in args):
         return args

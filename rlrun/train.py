@@ -224,10 +224,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
             }
             if eval_now and ctx.is_main:
                 eval_returns = evaluate()
-                metrics |= {
-                    "eval/return_mean": float(eval_returns.mean()),
-                    "eval/return_std": float(eval_returns.std()),
-                }
+                metrics |= _eval_metrics(eval_returns)
                 logger.info(
                     "eval at %d env steps: return %.2f +- %.2f", env_steps, eval_returns.mean(), eval_returns.std()
                 )
@@ -240,7 +237,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     final_metrics = episodes_log.metrics()
     if ctx.is_main and not interrupted:
         eval_returns = evaluate()
-        final_metrics |= {"eval/return_mean": float(eval_returns.mean()), "eval/return_std": float(eval_returns.std())}
+        final_metrics |= _eval_metrics(eval_returns)
     logger.log(env_steps, final_metrics)
     final = save()
     summary = {
@@ -275,6 +272,10 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     logger.summary(summary)
     logger.close()
     return summary
+
+
+def _eval_metrics(returns: np.ndarray) -> dict:
+    return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std())}
 
 
 def _eval_summary(returns: np.ndarray | None) -> dict:
