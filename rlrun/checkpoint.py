@@ -33,18 +33,45 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def save(self, state: dict, env_steps: int) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / checkpoint_name(env_steps)
-        tmp = path.with_suffix(".tmp")
-        # Write-then-rename: a crash mid-write leaves the previous checkpoints intact and no torn file.
-        with open(tmp, "wb") as f:
-            torch.save({"rlrun_format": FORMAT_VERSION, "env_steps": env_steps, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _save_atomic({"rlrun_format": FORMAT_VERSION, "env_steps": env_steps, **state}, path)
         for old in list_checkpoints(self.directory)[: -self.keep_last]:
             old.unlink()
         return path
+
+
+def _save_atomic(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    # Write-then-rename: a crash mid-write leaves the previous checkpoints intact and no torn file.
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _shard_path(directory: Path, env_steps: int, rank: int) -> Path:
+    return directory / f"shard_{env_steps:012d}_rank{rank}.pt"
+
+
+def save_shard(directory: Path, env_steps: int, rank: int, state: dict, keep_last: int) -> None:
+    """A rank's own large state (its replay shard) beside the checkpoint of the same step; the rank keeps
+    its last `keep_last`, as the main rank does for checkpoints."""
+    _save_atomic(state, _shard_path(directory, env_steps, rank))
+    for old in sorted(directory.glob(f"shard_*_rank{rank}.pt"))[:-keep_last]:
+        old.unlink()
+
+
+def load_shard(checkpoint: Path, env_steps: int, rank: int) -> dict | None:
+    """The shard `rank` saved beside `checkpoint` (saved at `env_steps`), or None if it saved none."""
+    path = _shard_path(checkpoint.parent, env_steps, rank)
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        raise UserError(f"{path} is not a readable replay shard (corrupt or truncated)") from e
 
 
 class NullCheckpointer:
@@ -87,4 +114,5 @@ def load_checkpoint(path: str | Path) -> dict:
         raise UserError(
             f"{p} has checkpoint format version {state['rlrun_format']}; this rlrun reads version {FORMAT_VERSION}"
         )
+    state["path"] = str(p)  # where it was read from (a rank finds its replay shard beside it)
     return state

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.config import (
+    DQNConfig,
     PlayConfig,
     TrainConfig,
     from_yaml,
@@ -297,12 +298,14 @@ def preflight(command: str, args: list[str]) -> list[str]:
 
 
 def _preflight_train(typed: TrainConfig, overrides: list[str], args: list[str]) -> None:
-    from rlrun.envs import check_env_id, import_env_modules
+    from rlrun.envs import check_discrete_actions, check_env_id, import_env_modules
 
     if typed.resume is None:
         validate_train(typed)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
+        if isinstance(typed.algo, DQNConfig):
+            check_discrete_actions(typed.env, typed.algo.name)
 
 
 def _resume_args(overrides: list[str], args: list[str]) -> list[str]:

@@ -38,6 +38,41 @@ class PPOConfig:
 
 
 @dataclass
+class ReplayConfig:
+    prioritized: bool = False  # proportional prioritized replay (Schaul et al. 2016); false: uniform
+    alpha: float = 0.6  # priority exponent
+    beta_start: float = 0.4  # importance-weight exponent, annealed linearly to 1 over training
+    priority_eps: float = 1e-6  # added to |TD error|
+    checkpoint: bool = False  # each rank writes its shard beside every checkpoint (large) and resume restores it
+
+
+@dataclass
+class DQNConfig:
+    """Double DQN (van Hasselt et al. 2016) with n-step returns, optional dueling head and prioritized replay.
+    Names follow CleanRL's dqn.py / SB3. Sizes are per rank; counts of env steps are global."""
+
+    name: str = "dqn"
+    lr: float = 1e-4
+    buffer_size: int = 1_000_000  # transitions per rank
+    learning_starts: int = 80_000  # transitions in the replay (all ranks) before updates begin
+    batch_size: int = 32  # per rank: the global batch is ranks x batch_size
+    gamma: float = 0.99
+    n_step: int = 1
+    train_freq: int = 4  # vector-env steps per rank between training phases (one iteration)
+    gradient_steps: int = 1  # updates per training phase
+    target_update_interval: int = 1000  # updates between target-network syncs
+    tau: float = 1.0  # 1: copy; < 1: Polyak averaging at each sync
+    double_q: bool = True
+    dueling: bool = False
+    start_e: float = 1.0
+    end_e: float = 0.01
+    exploration_fraction: float = 0.1  # of total_steps, over which epsilon decays linearly
+    max_grad_norm: float = 10.0
+    adam_eps: float = 1e-8
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+
+
+@dataclass
 class VectorConfig:
     backend: str = "sync"  # sync: in the rank's process | subproc: forked worker processes
     num_workers: int = 0  # subproc: worker processes (0: one per core, at most num_envs)
@@ -139,7 +174,7 @@ class PlayConfig:
     device: str = "cpu"
 
 
-ALGO_CONFIGS = {"ppo": PPOConfig}
+ALGO_CONFIGS = {"ppo": PPOConfig, "dqn": DQNConfig}
 
 
 def register_configs() -> None:
@@ -188,8 +223,11 @@ def validate_train(cfg: TrainConfig) -> None:
         every = getattr(cfg, key).every_steps
         _check(every >= 0, f"{key}.every_steps={every}: must be >= 0")
     _validate_distributed(cfg.distributed)
+    world_size = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
     if isinstance(a, PPOConfig):
-        _validate_ppo(a, cfg.env.num_envs, cfg.total_steps, cfg.distributed.nproc_per_node * cfg.distributed.nnodes)
+        _validate_ppo(a, cfg.env.num_envs, cfg.total_steps, world_size)
+    if isinstance(a, DQNConfig):
+        _validate_dqn(a, cfg.env.num_envs, cfg.total_steps, world_size)
 
 
 def _validate_distributed(d: DistributedConfig) -> None:
@@ -224,6 +262,37 @@ def _validate_ppo(a: PPOConfig, num_envs: int, total_steps: int, world_size: int
         total_steps >= batch * world_size,
         f"total_steps={total_steps} is less than one rollout (algo.num_steps x env.num_envs{ranks} = "
         f"{batch * world_size}); raise total_steps or shrink the rollout",
+    )
+
+
+def _validate_dqn(a: DQNConfig, num_envs: int, total_steps: int, world_size: int) -> None:
+    _check(a.lr > 0, f"algo.lr={a.lr}: must be > 0")
+    _check(0 < a.gamma <= 1, f"algo.gamma={a.gamma}: must be in (0, 1]")
+    _check(a.batch_size >= 1, f"algo.batch_size={a.batch_size}: must be >= 1")
+    _check(a.n_step >= 1, f"algo.n_step={a.n_step}: must be >= 1")
+    _check(a.train_freq >= 1, f"algo.train_freq={a.train_freq}: must be >= 1")
+    _check(a.gradient_steps >= 0, f"algo.gradient_steps={a.gradient_steps}: must be >= 0")
+    _check(a.target_update_interval >= 1, f"algo.target_update_interval={a.target_update_interval}: must be >= 1")
+    _check(0 < a.tau <= 1, f"algo.tau={a.tau}: must be in (0, 1]")
+    _check(a.learning_starts >= 0, f"algo.learning_starts={a.learning_starts}: must be >= 0")
+    for key in ("start_e", "end_e"):
+        _check(0 <= getattr(a, key) <= 1, f"algo.{key}={getattr(a, key)}: must be in [0, 1]")
+    _check(0 < a.exploration_fraction <= 1, f"algo.exploration_fraction={a.exploration_fraction}: must be in (0, 1]")
+    _check(a.max_grad_norm > 0, f"algo.max_grad_norm={a.max_grad_norm}: must be > 0")
+    r = a.replay
+    _check(r.alpha > 0, f"algo.replay.alpha={r.alpha}: must be > 0")
+    _check(0 <= r.beta_start <= 1, f"algo.replay.beta_start={r.beta_start}: must be in [0, 1]")
+    _check(r.priority_eps > 0, f"algo.replay.priority_eps={r.priority_eps}: must be > 0")
+    least = num_envs * (a.n_step + 8)  # room for n-step windows and frame look-back
+    _check(
+        a.buffer_size >= least,
+        f"algo.buffer_size={a.buffer_size}: must be >= env.num_envs x (algo.n_step + 8) = {least}",
+    )
+    iteration = a.train_freq * num_envs * world_size
+    _check(
+        total_steps >= iteration,
+        f"total_steps={total_steps} is less than one iteration (algo.train_freq x env.num_envs"
+        f"{' x ranks' if world_size > 1 else ''} = {iteration})",
     )
 
 

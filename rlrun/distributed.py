@@ -80,6 +80,15 @@ class RankContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def gather_all(self, x: Tensor) -> Tensor:
+        """`x` from every rank stacked in rank order [W, ...], on every rank (small CPU tensors, every step)."""
+        if not self.distributed:
+            return x.unsqueeze(0)
+        y = x.detach().to(self.device)
+        out = [torch.empty_like(y) for _ in range(self.world_size)]
+        dist.all_gather(out, y)
+        return torch.stack(out).to(x.device)
+
     def wrap(self, module: nn.Module) -> nn.Module:
         """The learner as training calls it: in DDP when distributed, so its forward syncs gradients."""
         if not self.distributed:

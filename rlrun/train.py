@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from rlrun.algos import build_algo
-from rlrun.checkpoint import Checkpointer, NullCheckpointer
+from rlrun.buffers.replay import Shards
+from rlrun.checkpoint import Checkpointer, NullCheckpointer, load_shard, save_shard
 from rlrun.config import TrainConfig
 from rlrun.distributed import RankContext, parameter_digest
-from rlrun.envs import env_seeds, make_vector_env
+from rlrun.envs import env_seeds, frame_stack, make_vector_env
 from rlrun.evaluation import run_episodes
 from rlrun.logger import NullLogger, RunLogger
 
@@ -106,6 +107,9 @@ def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episod
     else:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
         seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
         algo.next_obs, _ = envs.reset(seed=seeds)
+    shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank) if mine else None
+    if shard is not None:  # this rank's replay, when it was checkpointed
+        algo.load_shard_state(shard)
 
 
 def train(
@@ -147,7 +151,17 @@ def train(
 def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop) -> dict:
     torch.manual_seed(cfg.seed + ctx.rank)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    algo = build_algo(cfg.algo, cfg.model, obs_space, action_space, cfg.env.num_envs, ctx.device, ctx.mean_all)
+    algo = build_algo(
+        cfg.algo,
+        cfg.model,
+        obs_space,
+        action_space,
+        cfg.env.num_envs,
+        ctx.device,
+        ctx.mean_all,
+        Shards(ctx.rank, ctx.gather_all),
+        frame_stack(cfg.env),
+    )
     shapes = ctx.all_gather(algo.update_shape)
     if len(set(shapes)) > 1:  # unequal minibatch counts would hang DDP's all-reduce: fail instead
         raise RuntimeError(f"ranks disagree on (minibatch size, minibatches, epochs): {shapes}")
@@ -177,7 +191,10 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
             return run_episodes(eval_envs, act, cfg.eval.episodes, seeds)[0]
 
     def save() -> Path | None:
-        # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes.
+        # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes, except a
+        # shard too large to gather (DQN's replay), which each rank writes beside the checkpoint first: the
+        # gather below waits for all of them, so a checkpoint on disk always has its shards.
+        _save_shard(algo, run_dir / "checkpoints", env_steps, ctx.rank, cfg.checkpoint.keep_last)
         own = {
             "rng": torch.get_rng_state(),
             "envs": _env_state(envs),
@@ -205,7 +222,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     while iteration < num_iterations:
         if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
             break
-        episodes = algo.collect(envs)
+        episodes = algo.collect(envs, env_steps / cfg.total_steps)
         stats = algo.update(progress=env_steps / cfg.total_steps)
         before, env_steps, iteration = env_steps, env_steps + steps_per_iteration, iteration + 1
         episodes_log.add(episodes["episode_returns"], episodes["episode_lengths"])
@@ -215,9 +232,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         last = iteration == num_iterations
         eval_now = crossed(before, env_steps, cfg.eval.every_steps) and not last
         if crossed(before, env_steps, cfg.logging.every_steps) or eval_now:
-            metrics = {f"losses/{k}": v for k, v in stats.items() if k not in ("learning_rate", "epochs")}
-            metrics |= {
-                "charts/learning_rate": stats["learning_rate"],
+            metrics = _update_metrics(stats) | {
                 "charts/iteration": iteration,
                 "charts/sps": sps,
                 **episodes_log.metrics(),
@@ -272,6 +287,18 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     logger.summary(summary)
     logger.close()
     return summary
+
+
+def _update_metrics(stats: dict) -> dict:
+    """An update's stats as logged: algorithms name their charts ("charts/epsilon"); bare names are losses."""
+    metrics = {k if "/" in k else f"losses/{k}": v for k, v in stats.items() if k not in ("learning_rate", "epochs")}
+    return metrics | {"charts/learning_rate": stats["learning_rate"]}
+
+
+def _save_shard(algo, directory: Path, env_steps: int, rank: int, keep_last: int) -> None:
+    shard = algo.shard_state()
+    if shard is not None:
+        save_shard(directory, env_steps, rank, shard, keep_last)
 
 
 def _eval_metrics(returns: np.ndarray) -> dict:

@@ -35,7 +35,9 @@ def test_cfg_job_prints_composed_config(tmp_path):
 
 
 BAD_TRAIN = [
-    (["algo=nope"], "unknown algo 'nope'; choose one of: ppo"),
+    (["algo=nope"], "unknown algo 'nope'; choose one of: dqn, ppo"),
+    (["algo=dqn", "algo.exploration_fraction=2"], "algo.exploration_fraction=2.0: must be in (0, 1]"),
+    (["algo=dqn", "env=pendulum"], "algo=dqn needs a discrete action space"),
     (["env=nope"], "unknown env 'nope'; choose one of: acrobot, breakout, cartpole, pendulum"),
     (["model=nope"], "unknown model 'nope'"),
     (["algo.lrr=0.1"], "unknown key 'algo.lrr'; did you mean algo.lr?"),

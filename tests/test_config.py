@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlrun.cli import CONF_DIR
-from rlrun.config import AtariConfig, PPOConfig, TrainConfig, register_configs, validate_train
+from rlrun.config import AtariConfig, DQNConfig, PPOConfig, TrainConfig, register_configs, validate_train
 from rlrun.errors import UserError
 
 register_configs()
@@ -18,10 +18,10 @@ def typed(*overrides: str) -> TrainConfig:
 
 
 @pytest.mark.parametrize("env", ENVS)
-@pytest.mark.parametrize("algo", ["ppo"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_every_pair_composes_and_validates(algo, env):
     cfg = typed(f"algo={algo}", f"env={env}")
-    assert isinstance(cfg.algo, PPOConfig)
+    assert isinstance(cfg.algo, {"ppo": PPOConfig, "dqn": DQNConfig}[algo])
     validate_train(cfg)
     assert cfg.model.name == ("nature_cnn" if env == "breakout" else "mlp")
     assert isinstance(cfg.env.atari, AtariConfig) == (env == "breakout")
@@ -41,6 +41,10 @@ def test_command_line_beats_env_defaults():
         (["algo.num_minibatches=3"], "must divide the batch"),
         (["algo.gamma=1.5"], "algo.gamma=1.5"),
         (["model.activation=gelu"], "tanh or relu"),
+        (["algo=dqn", "algo.tau=0"], "algo.tau=0.0: must be in (0, 1]"),
+        (["algo=dqn", "algo.buffer_size=5"], "algo.buffer_size=5: must be >= env.num_envs x"),
+        (["algo=dqn", "total_steps=100"], "less than one iteration"),
+        (["algo=dqn", "algo.replay.alpha=0"], "algo.replay.alpha=0.0: must be > 0"),
     ],
 )
 def test_out_of_range_values_are_refused(overrides, message):

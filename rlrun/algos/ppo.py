@@ -161,8 +161,9 @@ class PPO:
         return obs
 
     @torch.inference_mode()
-    def collect(self, envs) -> dict[str, np.ndarray]:
+    def collect(self, envs, progress: float = 0.0) -> dict[str, np.ndarray]:
         """One rollout of num_steps x num_envs transitions into self.rollout; returns finished episodes.
+        (`progress`, the fraction of training done, is for algorithms with exploration schedules.)
 
         The envs come in groups (one, or two when the worker pool double-buffers): a group steps while the
         policy acts for the next, and the rollout layout is the same either way.
@@ -267,6 +268,10 @@ class PPO:
     def load_cursor_state(self, state: dict) -> None:
         self.next_obs = state["next_obs"].numpy().copy()
         self.discounted_return = state["discounted_return"].numpy().copy()
+
+    def shard_state(self) -> None:
+        """PPO has no per-rank state too large to gather (DQN's replay shard is)."""
+        return None
 
 
 def _dtype(space: gym.spaces.Box) -> torch.dtype:

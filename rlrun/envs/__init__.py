@@ -51,10 +51,25 @@ def check_env_id(env_id: str) -> None:
     raise UserError(f"unknown env id '{env_id}'{hint}")
 
 
+def check_discrete_actions(cfg: EnvConfig, algo: str) -> None:
+    """Raise UserError when the env's actions are not Discrete (value-based algorithms need them)."""
+    env = make_env(cfg, train=False)()
+    space = env.action_space
+    env.close()
+    if not isinstance(space, gym.spaces.Discrete):
+        raise UserError(f"algo={algo} needs a discrete action space; {cfg.id} has {space}")
+
+
 def atari_config(cfg: EnvConfig) -> AtariConfig | None:
     if cfg.atari is not None:
         return cfg.atari
     return AtariConfig() if cfg.id.startswith("ALE/") else None
+
+
+def frame_stack(cfg: EnvConfig) -> int:
+    """Frames stacked along the first axis of each observation (1 when observations are not stacks)."""
+    atari = atari_config(cfg)
+    return atari.frame_stack if atari is not None else 1
 
 
 def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Callable[[], gym.Env]:

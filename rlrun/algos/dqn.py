@@ -1,0 +1,226 @@
+"""Deep Q-learning (Mnih et al. 2015) as double DQN (van Hasselt et al. 2016): a target network synced by copy
+or Polyak averaging, n-step returns, Huber loss, linearly decayed epsilon-greedy exploration, optional dueling
+head, and uniform or prioritized replay whose shards across ranks sample as one buffer (rlrun/buffers/replay.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from rlrun.buffers.replay import ONE_SHARD, ReplayBuffer, Shards
+from rlrun.config import DQNConfig, ModelConfig
+from rlrun.envs import finished_episodes
+from rlrun.errors import UserError
+from rlrun.models.q_network import QNetwork
+
+
+def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
+    """From `start` at progress 0 to `end` at progress `fraction`, then `end` (progress in [0, 1])."""
+    return end + (start - end) * max(0.0, 1.0 - progress / fraction)
+
+
+def q_targets(
+    online: nn.Module, target: nn.Module, next_obs: Tensor, returns: Tensor, discount: Tensor, double_q: bool
+) -> Tensor:
+    """n-step targets R + gamma^m Q_target(s', a') with a' = argmax Q_online(s') (double DQN) or
+    argmax Q_target(s') (DQN); `discount` is gamma^m, or 0 after termination. [B]"""
+    next_q = target(next_obs)
+    best = (online(next_obs) if double_q else next_q).argmax(-1, keepdim=True)
+    return returns + discount * next_q.gather(-1, best).squeeze(-1)
+
+
+def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """target <- tau * online + (1 - tau) * target (tau = 1: copy)."""
+    with torch.no_grad():
+        for t, o in zip(target.parameters(), online.parameters()):
+            t.lerp_(o, tau)
+
+
+class DQNLearner(nn.Module):
+    """The loss module DDP wraps: forward(minibatch) -> (loss, |TD errors|, stats). The loss is
+    sum_i w_i Huber(Q(s_i, a_i) - y_i) / batch_size: with DDP's gradient averaging over the ranks this is the
+    mean over the global batch even when ranks hold different numbers of its items (replay.py)."""
+
+    def __init__(self, model: QNetwork, batch_size: int):
+        super().__init__()
+        self.model = model
+        self.batch_size = batch_size
+
+    def forward(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, dict]:
+        q = self.model(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        loss = (weights * F.huber_loss(q, targets, reduction="none")).sum() / self.batch_size
+        return loss, (q - targets).detach().abs(), {"q_values": q.detach().sum(), "items": len(q)}
+
+
+class DQN:
+    """Collects train_freq vector steps into this rank's replay shard, then runs gradient_steps updates on
+    global batches drawn across all shards. Knows nothing of ranks beyond its shard's index and gather."""
+
+    def __init__(
+        self,
+        cfg: DQNConfig,
+        model_cfg: ModelConfig,
+        obs_space: gym.spaces.Box,
+        action_space: gym.Space,
+        num_envs: int,
+        device: torch.device,
+        shards: Shards = ONE_SHARD,
+        frame_stack: int = 1,
+    ):
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise UserError(f"algo=dqn needs a discrete action space; this env has {action_space}")
+        self.cfg = cfg
+        self.device = device
+        self.num_envs = num_envs
+        self.shards = shards
+        self.model = QNetwork(model_cfg, obs_space, action_space, cfg.dueling).to(device)
+        self.target = copy.deepcopy(self.model).requires_grad_(False)
+        self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
+        self.num_actions = int(action_space.n)
+        self._replay_args = (cfg.buffer_size, num_envs, obs_space.shape, obs_space.dtype, frame_stack)
+        self._replay: ReplayBuffer | None = None  # allocated on first use: play and eval never need it
+        # The stream that splits each global batch over the shards: seeded alike on every rank.
+        self.shard_rng = torch.Generator().manual_seed(1)
+        self.updates = 0
+        self.epsilon = cfg.start_e
+        self._max_priority = 1.0  # handed to the replay when it is allocated
+        self.next_obs: np.ndarray | None = None
+
+    @property
+    def replay(self) -> ReplayBuffer:
+        if self._replay is None:
+            r = self.cfg.replay
+            self._replay = ReplayBuffer(
+                *self._replay_args,
+                n_step=self.cfg.n_step,
+                gamma=self.cfg.gamma,
+                alpha=r.alpha if r.prioritized else None,
+                priority_eps=r.priority_eps,
+            )
+            self._replay.max_priority = self._max_priority
+        return self._replay
+
+    @property
+    def steps_per_collect(self) -> int:
+        return self.cfg.train_freq * self.num_envs
+
+    @property
+    def update_shape(self) -> tuple[int, int, int]:
+        """(batch size per rank, updates per iteration, 1): every rank must agree on it, or DDP hangs."""
+        return self.cfg.batch_size, self.cfg.gradient_steps, 1
+
+    def _obs(self, obs: np.ndarray) -> Tensor:
+        return torch.as_tensor(obs, device=self.device)
+
+    def _explore(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
+        greedy = self.model(self._obs(obs)).argmax(-1).cpu()
+        random = torch.randint(self.num_actions, greedy.shape)
+        return torch.where(torch.rand(greedy.shape) < epsilon, random, greedy).numpy()
+
+    @torch.inference_mode()
+    def collect(self, envs, progress: float = 0.0) -> dict[str, np.ndarray]:
+        """train_freq epsilon-greedy vector steps into the replay shard; returns finished episodes."""
+        c = self.cfg
+        self.epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction, progress)
+        obs, episodes = self.next_obs, []
+        for _ in range(c.train_freq):
+            actions = self._explore(obs, self.epsilon)
+            next_obs, reward, terminated, truncated, info = envs.step(actions)
+            self.replay.add(obs, actions, reward, terminated, truncated, info.get("final_obs"))
+            ended, returns, lengths = finished_episodes(info, self.num_envs)
+            if ended.any():
+                episodes.append((returns[ended], lengths[ended]))
+            obs = np.array(next_obs)  # a copy: the worker pool reuses its observation buffer
+        self.next_obs = obs
+        return {
+            "episode_returns": np.concatenate([e[0] for e in episodes] or [np.zeros(0)]),
+            "episode_lengths": np.concatenate([e[1] for e in episodes] or [np.zeros(0, dtype=np.int64)]),
+        }
+
+    def update(self, progress: float) -> dict[str, float]:
+        """gradient_steps updates, each on one global batch (ranks x batch_size items) drawn across the shards.
+        Nothing happens until the shards hold learning_starts items together (the same decision on all ranks:
+        it reads gathered numbers)."""
+        c, replay = self.cfg, self.replay
+        beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
+        totals: dict[str, float] = {}
+        for _ in range(c.gradient_steps):
+            shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
+            size = shard_stats[:, 1].sum()
+            if size < max(c.learning_starts, 1):
+                break
+            stats = self._step(shard_stats, beta)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+        # New items enter at the largest priority any shard has seen, as in one buffer.
+        replay.max_priority = float(self.shards.gather(torch.tensor([replay.max_priority])).max())
+        out = {"learning_rate": c.lr, "charts/epsilon": self.epsilon, "charts/updates": float(self.updates)}
+        if totals:
+            items = totals.pop("items")
+            out |= {"td_loss": totals["td_loss"] / totals["steps"], "q_values": totals["q_values"] / max(items, 1)}
+        if c.replay.prioritized:
+            out["charts/beta"] = beta
+        return out
+
+    def _step(self, shard_stats: Tensor, beta: float) -> dict[str, float]:
+        c, replay = self.cfg, self.replay
+        items, weights = replay.sample_global(shard_stats, self.shards.index, c.batch_size, beta, self.shard_rng)
+        batch = {k: self._obs(v) for k, v in replay.batch(items).items()}
+        with torch.no_grad():
+            next_obs, returns, discount = batch["next_obs"], batch["returns"], batch["discount"]
+            targets = q_targets(self.model, self.target, next_obs, returns, discount, c.double_q)
+        loss, td_abs, stats = self.learner(batch["obs"], batch["actions"], targets, self._obs(weights).float())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        replay.update_priorities(items, td_abs.cpu().numpy())
+        self.updates += 1
+        if self.updates % c.target_update_interval == 0:
+            polyak_update(self.target, self.model, c.tau)
+        return {"td_loss": loss.item(), "q_values": float(stats["q_values"]), "items": stats["items"], "steps": 1}
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        """Greedy actions (deterministic) or epsilon-greedy with the final epsilon, for evaluation and play."""
+        return self._explore(obs, 0.0 if deterministic else self.cfg.end_e)
+
+    def state_dict(self) -> dict:
+        """What every rank shares: networks, optimizer, update count, the shard-split stream, max priority."""
+        return {
+            "model": self.model.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+            "shard_rng": self.shard_rng.get_state(),
+            "max_priority": self._replay.max_priority if self._replay is not None else self._max_priority,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        self.shard_rng.set_state(state["shard_rng"])
+        self._max_priority = state["max_priority"]
+        if self._replay is not None:
+            self._replay.max_priority = self._max_priority
+
+    def cursor_state(self) -> dict:
+        return {"next_obs": torch.from_numpy(np.array(self.next_obs))}
+
+    def load_cursor_state(self, state: dict) -> None:
+        self.next_obs = state["next_obs"].numpy().copy()
+
+    def shard_state(self) -> dict | None:
+        """This rank's replay shard, when configured to be checkpointed (each rank writes its own file)."""
+        return self.replay.state_dict() if self.cfg.replay.checkpoint else None
+
+    def load_shard_state(self, state: dict) -> None:
+        self.replay.load_state_dict(state)

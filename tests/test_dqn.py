@@ -1,0 +1,120 @@
+"""DQN through the CLI: learning CartPole on one and on two ranks, exact resume with each rank's replay shard,
+an Atari smoke run with prioritized n-step replay, and play on DQN checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import read_jsonl, rlrun
+from tests.test_train import assert_same_tensors, final_state
+
+pytestmark = pytest.mark.slow
+SMALL = [
+    "algo=dqn",
+    "env.num_envs=2",
+    "algo.train_freq=16",
+    "algo.gradient_steps=4",
+    "algo.batch_size=16",
+    "algo.learning_starts=200",
+    "algo.buffer_size=2000",
+    "algo.target_update_interval=8",
+    "model.hidden_sizes=[32,32]",
+    "logging.progress=plain",
+    "logging.every_steps=256",
+    "eval.every_steps=0",
+    "eval.episodes=2",
+    "eval.num_envs=2",
+]
+
+
+def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
+    run = tmp_path / name
+    out = rlrun("train", f"hydra.run.dir={run}", *args, cwd=tmp_path, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_two_rank_resume_with_replay_shards_is_exact(tmp_path):
+    args = [
+        *SMALL,
+        "distributed.nproc_per_node=2",
+        "algo.replay.prioritized=true",
+        "algo.replay.checkpoint=true",
+        "algo.n_step=3",
+        "algo.dueling=true",
+        "total_steps=2048",
+        "checkpoint.every_steps=1024",
+    ]
+    full = train(tmp_path, "full", *args)
+    names = sorted(p.name for p in (full / "checkpoints").iterdir())
+    assert names == [
+        "ckpt_000000001024.pt",
+        "ckpt_000000002048.pt",
+        "shard_000000001024_rank0.pt",
+        "shard_000000001024_rank1.pt",
+        "shard_000000002048_rank0.pt",
+        "shard_000000002048_rank1.pt",
+    ]
+    shard = torch.load(full / "checkpoints" / names[2], weights_only=True)
+    assert shard["written"] == 1024 // 2 // 2  # rows: one per vector step of this rank's 2 envs
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    for late in (part / "checkpoints").glob("*2048*"):
+        late.unlink()  # as if the job had died after the checkpoint at 1024 steps
+    (part / "summary.json").unlink()
+    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    a, b = final_state(full), final_state(part)
+    assert a["env_steps"] == b["env_steps"] == 2048
+    for key in ("model", "target"):
+        assert_same_tensors(a["algo"][key], b["algo"][key])
+    assert a["algo"]["updates"] == b["algo"]["updates"] > 0
+    assert read_jsonl(full / "metrics.jsonl") == read_jsonl(part / "metrics.jsonl")
+    assert any("losses/td_loss" in m and "charts/beta" in m for m in read_jsonl(full / "metrics.jsonl"))
+
+
+@pytest.mark.timeout(240)
+def test_without_its_replay_shard_a_resumed_run_refills_before_it_learns(tmp_path):
+    run = train(tmp_path, "run", *SMALL, "algo.learning_starts=400", "total_steps=1024")
+    assert not list((run / "checkpoints").glob("shard_*"))  # replay is not checkpointed unless asked
+    out = rlrun("train", f"resume={run}", "total_steps=1536", cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    updates = {m["env_steps"]: m["charts/updates"] for m in read_jsonl(run / "metrics.jsonl") if "charts/updates" in m}
+    # The replay starts empty: no updates until it holds learning_starts items again (416 steps), then updates.
+    assert 0 < updates[1024] == updates[1280] < updates[1536]
+
+
+@pytest.mark.timeout(300)
+def test_breakout_prioritized_n_step_smoke_then_play(tmp_path):
+    run = train(
+        tmp_path,
+        "run",
+        "algo=dqn",
+        "env=breakout",
+        "env.num_envs=2",
+        "algo.buffer_size=4000",
+        "algo.learning_starts=256",
+        "algo.replay.prioritized=true",
+        "algo.n_step=3",
+        "algo.dueling=true",
+        "algo.train_freq=8",
+        "algo.gradient_steps=1",
+        "total_steps=1024",
+        "eval.episodes=1",
+        "eval.num_envs=1",
+        "eval.every_steps=0",
+        "logging.progress=plain",
+        "logging.every_steps=256",
+    )
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["env_steps"] == 1024
+    out = rlrun("play", f"checkpoint={run}", "episodes=1", f"hydra.run.dir={tmp_path / 'play'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "mean" in out.stdout
