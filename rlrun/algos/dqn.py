@@ -81,7 +81,7 @@ class DQN:
         self.model = QNetwork(model_cfg, obs_space, action_space, cfg.dueling).to(device)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
         self.num_actions = int(action_space.n)
         self._replay_args = (cfg.buffer_size, num_envs, obs_space.shape, obs_space.dtype, frame_stack)
         self._replay: ReplayBuffer | None = None  # allocated on first use: play and eval never need it

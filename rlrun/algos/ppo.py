@@ -93,7 +93,7 @@ class PPO:
         self.num_envs = num_envs
         self.model = ActorCritic(model_cfg, obs_space, action_space).to(device)
         self.learner: nn.Module = PPOLearner(self.model, cfg, mean_all)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
         discrete = isinstance(action_space, gym.spaces.Discrete)
         self.rollout = Rollout(
             cfg.num_steps,
