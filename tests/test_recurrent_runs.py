@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import rlrun
-from tests.test_distributed import TWO
+from tests.test_distributed import train as train_two_ranks
 from tests.test_train import SMALL, assert_same_tensors, final_state, train
 
 pytestmark = pytest.mark.slow
@@ -59,20 +59,8 @@ def test_lstm_resumed_with_worker_pool_equals_uninterrupted_run(tmp_path):
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_two_ranks_train_an_lstm_with_forked_env_workers_in_step(tmp_path):
-    run = tmp_path / "run"
-    out = rlrun(
-        "train",
-        *TWO,
-        "env=cartpole_masked",
-        "model=lstm",
-        "env.vector.backend=subproc",
-        "env.vector.num_workers=2",
-        "total_steps=4096",
-        f"hydra.run.dir={run}",
-        cwd=tmp_path,
-        timeout=180,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
+    subproc = ["env.vector.backend=subproc", "env.vector.num_workers=2"]
+    run = train_two_ranks(tmp_path, "run", "env=cartpole_masked", "model=lstm", *subproc, "total_steps=4096")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed" and summary["env_steps"] == 4096
     assert len(set(summary["parameter_digests"])) == 1  # both ranks took the same synchronized updates

@@ -46,7 +46,7 @@ def between_resets(run: Run, x: Tensor, state: Tensor, starts: Tensor) -> tuple[
     over time runs inside torch's RNN kernels (several times faster per step than cell calls from Python on
     CPU), and in as few calls as resets allow."""
     steps = x.shape[0]
-    times = (starts.any(1).nonzero().squeeze(1)).tolist()
+    times = starts.any(1).nonzero().squeeze(1).tolist()
     bounds = sorted({0, steps, *times})
     keep = not_starts(starts, state)
     outputs = []
