@@ -2,7 +2,7 @@
 at a time, for several sequence lengths; then PPO's SPS with an LSTM against an MLP on masked CartPole (the
 tuned config, same budget and seed), in this process, one after the other.
 
-    .venv/bin/python bench/recurrent.py [--lengths 128 512 2048] [--envs 16] [--ppo-steps 49152]
+    .venv/bin/python bench/recurrent.py [--lengths 128 512 2048] [--envs 16] [--ppo-steps N (default: tuned)]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def scan_vs_loop(lengths: list[int], envs: int, features: int, size: int) -> lis
     return rows
 
 
-def ppo_sps(steps: int) -> list[tuple]:
+def ppo_sps(steps: int | None) -> list[tuple]:
     rows = []
     for model in ("mlp", "lstm", "lru"):
         cfg = rlrun_config(["env=cartpole_masked", f"model={model}"], threads=1, steps=steps)
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=16)
     parser.add_argument("--features", type=int, default=64)
     parser.add_argument("--size", type=int, default=128)
-    parser.add_argument("--ppo-steps", type=int, default=49152)
+    parser.add_argument("--ppo-steps", type=int, default=None)  # the tuned budget, as the learning test uses
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -75,7 +75,7 @@ def main() -> None:
     for steps, scan, stepped in scans:
         print(f"| {steps} | {scan * 1e3:.1f} | {stepped * 1e3:.1f} | {stepped / scan:.1f}x |")
     mlp_sps = ppo[0][1]
-    print(f"\nPPO on cartpole_masked, {args.ppo_steps} env steps, seed 1, 1 thread")
+    print(f"\nPPO on cartpole_masked, {args.ppo_steps or 'the tuned'} env steps, seed 1, 1 thread")
     print("| model | SPS | SPS / MLP's | final eval return |")
     print("|---|---|---|---|")
     for model, sps, ret in ppo:

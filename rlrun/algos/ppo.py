@@ -181,7 +181,7 @@ class PPO:
             episodes.append((returns[ended], lengths[ended]))
         return obs
 
-    def _value(self, obs: np.ndarray, envs: Tensor | slice, starts: Tensor) -> Tensor:
+    def _value(self, obs: np.ndarray, envs: Tensor | slice, starts: Tensor | None) -> Tensor:
         """V of raw observations of the envs `envs`; a recurrent model steps on from each one's current state,
         reset where `starts`, without keeping the state it would move to."""
         x = self.preprocess(obs)
