@@ -104,12 +104,24 @@ class EnvConfig:
     vector: VectorConfig = field(default_factory=VectorConfig)
 
 
+RECURRENT_MODELS = ("lstm", "gru", "lru")
+MODELS = ("mlp", "nature_cnn", *RECURRENT_MODELS)
+
+
 @dataclass
 class ModelConfig:
-    name: str = "mlp"  # mlp | nature_cnn
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    name: str = "mlp"  # mlp | nature_cnn | lstm | gru | lru
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])  # mlp layers; nature_cnn: the last is its fc
     activation: str = "tanh"  # tanh | relu
-    shared: bool = False  # actor and critic share one trunk
+    shared: bool = False  # actor and critic share one trunk (recurrent models always do)
+    encoder: str = "mlp"  # recurrent models: what runs before the core, mlp | nature_cnn (image observations)
+    core_size: int = 128  # recurrent models: LSTM/GRU hidden size, LRU state size (complex)
+    lru_decay: str = "fixed"  # lru: fixed (a learned decay per channel) | input (scaled by the input each step)
+
+
+def convolutional(model: ModelConfig) -> bool:
+    """Whether the model runs the Nature CNN (as itself or as a recurrent model's encoder)."""
+    return model.name == "nature_cnn" or (model.name in RECURRENT_MODELS and model.encoder == "nature_cnn")
 
 
 @dataclass
@@ -200,8 +212,7 @@ def validate_train(cfg: TrainConfig) -> None:
         cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
         f"device={cfg.device}: accepted are auto, cpu, cuda, cuda:N",
     )
-    _check(cfg.model.name in ("mlp", "nature_cnn"), f"model.name={cfg.model.name}: accepted are mlp, nature_cnn")
-    _check(cfg.model.activation in ("tanh", "relu"), f"model.activation={cfg.model.activation}: tanh or relu")
+    _validate_model(cfg.model)
     v = cfg.env.vector
     _check(v.backend in ("sync", "subproc"), f"env.vector.backend={v.backend}: accepted are sync, subproc")
     _check(v.num_workers >= 0, f"env.vector.num_workers={v.num_workers}: must be >= 0 (0 = one per core)")
@@ -226,8 +237,29 @@ def validate_train(cfg: TrainConfig) -> None:
     world_size = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
     if isinstance(a, PPOConfig):
         _validate_ppo(a, cfg.env.num_envs, cfg.total_steps, world_size)
+        if cfg.model.name in RECURRENT_MODELS:
+            _check(
+                cfg.env.num_envs % a.num_minibatches == 0,
+                f"algo.num_minibatches={a.num_minibatches} must divide env.num_envs={cfg.env.num_envs} for "
+                f"model={cfg.model.name} (its minibatches are whole env sequences)",
+            )
     if isinstance(a, DQNConfig):
+        _check(
+            cfg.model.name not in RECURRENT_MODELS,
+            f"model={cfg.model.name} trains with algo=ppo; algo=dqn takes model=mlp or nature_cnn",
+        )
         _validate_dqn(a, cfg.env.num_envs, cfg.total_steps, world_size)
+
+
+def _validate_model(m: ModelConfig) -> None:
+    _check(m.name in MODELS, f"model.name={m.name}: accepted are {', '.join(MODELS)}")
+    _check(m.activation in ("tanh", "relu"), f"model.activation={m.activation}: tanh or relu")
+    if m.name not in RECURRENT_MODELS:
+        return
+    _check(m.shared, f"model.shared=false: {m.name} shares its encoder and core between actor and critic")
+    _check(m.encoder in ("mlp", "nature_cnn"), f"model.encoder={m.encoder}: accepted are mlp, nature_cnn")
+    _check(m.core_size >= 1, f"model.core_size={m.core_size}: must be >= 1")
+    _check(m.lru_decay in ("fixed", "input"), f"model.lru_decay={m.lru_decay}: accepted are fixed, input")
 
 
 def _validate_distributed(d: DistributedConfig) -> None:

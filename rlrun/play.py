@@ -54,9 +54,8 @@ def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict, run_dir: Path) ->
         )
         algo.load_state_dict(state["algo"])
         seed = cfg.seed if cfg.seed is not None else train_cfg.seed
-        returns, lengths = run_episodes(
-            envs, lambda o: algo.act(o, cfg.deterministic), cfg.episodes, env_seeds(seed, 0, 1, stream=3)
-        )
+        act = lambda o, starts: algo.act(o, cfg.deterministic, starts)  # noqa: E731
+        returns, lengths = run_episodes(envs, act, cfg.episodes, env_seeds(seed, 0, 1, stream=3))
     finally:
         envs.close()
     table = Table(title=f"{train_cfg.env.id}: {state['env_steps']} env steps of {train_cfg.algo.name}")

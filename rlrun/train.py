@@ -17,7 +17,7 @@ import torch
 from rlrun.algos import build_algo
 from rlrun.buffers.replay import Shards
 from rlrun.checkpoint import Checkpointer, NullCheckpointer, load_shard, save_shard
-from rlrun.config import TrainConfig
+from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext, parameter_digest
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
 from rlrun.evaluation import run_episodes
@@ -71,10 +71,11 @@ class EpisodeLog:
         }
 
 
-def auto_threads(model: str, local_ranks: int) -> int:
-    """torch threads per rank when not configured: one for MLPs, whose small ops gain nothing from more
-    and slow down badly when the cores are contended; for CNNs, the cores split between this node's ranks."""
-    return 1 if model == "mlp" else max(1, (os.cpu_count() or 1) // local_ranks)
+def auto_threads(model: ModelConfig, local_ranks: int) -> int:
+    """torch threads per rank when not configured: one for MLPs and recurrent cores on them, whose small ops
+    gain nothing from more and slow down badly when the cores are contended; for CNNs, the cores split
+    between this node's ranks."""
+    return max(1, (os.cpu_count() or 1) // local_ranks) if convolutional(model) else 1
 
 
 def crossed(before: int, after: int, every: int) -> bool:
@@ -121,7 +122,7 @@ def train(
     overrides: tuple[str, ...] = (),
 ) -> dict:
     """Train on this rank; returns the summary (written to run_dir/summary.json by the main rank)."""
-    torch.set_num_threads(cfg.threads or auto_threads(cfg.model.name, ctx.local_world_size))
+    torch.set_num_threads(cfg.threads or auto_threads(cfg.model, ctx.local_world_size))
     if cfg.torch_deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
@@ -187,7 +188,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         # Main rank only, and no collective inside. It draws nothing from the training RNG stream.
         with torch.random.fork_rng(devices=[]):
             seeds = env_seeds(cfg.seed, 0, eval_envs.num_envs, stream=1)
-            act = lambda o: algo.act(o, cfg.eval.deterministic)  # noqa: E731
+            act = lambda o, starts: algo.act(o, cfg.eval.deterministic, starts)  # noqa: E731
             return run_episodes(eval_envs, act, cfg.eval.episodes, seeds)[0]
 
     def save() -> Path | None:

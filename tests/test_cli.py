@@ -23,8 +23,8 @@ def test_help_lists_commands(tmp_path):
 def test_train_help_shows_groups_and_options(tmp_path):
     out = rlrun("train", "--help", cwd=tmp_path)
     assert out.returncode == 0
-    assert "env: acrobot, breakout, cartpole, pendulum" in out.stdout
-    assert "model: mlp, nature_cnn" in out.stdout
+    assert "env: acrobot, breakout, cartpole, cartpole_masked, pendulum" in out.stdout
+    assert "model: gru, lru, lstm, mlp, nature_cnn" in out.stdout
 
 
 def test_cfg_job_prints_composed_config(tmp_path):
@@ -38,7 +38,8 @@ BAD_TRAIN = [
     (["algo=nope"], "unknown algo 'nope'; choose one of: dqn, ppo"),
     (["algo=dqn", "algo.exploration_fraction=2"], "algo.exploration_fraction=2.0: must be in (0, 1]"),
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a discrete action space"),
-    (["env=nope"], "unknown env 'nope'; choose one of: acrobot, breakout, cartpole, pendulum"),
+    (["algo=dqn", "model=lstm"], "model=lstm trains with algo=ppo"),
+    (["env=nope"], "unknown env 'nope'; choose one of: acrobot, breakout, cartpole, cartpole_masked, pendulum"),
     (["model=nope"], "unknown model 'nope'"),
     (["algo.lrr=0.1"], "unknown key 'algo.lrr'; did you mean algo.lr?"),
     (["+algo.foo=1"], "unknown key 'algo.foo'"),
@@ -48,6 +49,8 @@ BAD_TRAIN = [
     (["env.num_envs=0"], "env.num_envs=0: must be >= 1"),
     (["total_steps=100"], "less than one rollout"),
     (["algo.num_minibatches=3"], "must divide the batch"),
+    (["model=lstm", "algo.num_minibatches=16"], "algo.num_minibatches=16 must divide env.num_envs=8 for model=lstm"),
+    (["model=gru", "model.shared=false"], "model.shared=false: gru shares its encoder and core"),
     (["env.id=CartPol-v1"], "unknown env id 'CartPol-v1'; did you mean CartPole-v1"),
     (["-m", "seed=1,2", "algo.lr=0.1,-2"], "algo.lr=-2.0: must be > 0"),
     (["resume=does/not/exist"], "checkpoint not found"),

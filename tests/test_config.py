@@ -9,7 +9,7 @@ from rlrun.config import AtariConfig, DQNConfig, PPOConfig, TrainConfig, registe
 from rlrun.errors import UserError
 
 register_configs()
-ENVS = ["cartpole", "acrobot", "pendulum", "breakout"]
+ENVS = ["cartpole", "acrobot", "pendulum", "breakout", "cartpole_masked"]
 
 
 def typed(*overrides: str) -> TrainConfig:
@@ -25,6 +25,16 @@ def test_every_pair_composes_and_validates(algo, env):
     validate_train(cfg)
     assert cfg.model.name == ("nature_cnn" if env == "breakout" else "mlp")
     assert isinstance(cfg.env.atari, AtariConfig) == (env == "breakout")
+
+
+@pytest.mark.parametrize("model", ["lstm", "gru", "lru"])
+@pytest.mark.parametrize("env", ENVS)
+def test_recurrent_models_compose_with_every_env(model, env):
+    # Pendulum's tuned 64 minibatches of single steps cannot be cut from 4 env sequences: one per env instead.
+    cfg = typed(f"model={model}", f"env={env}", *(["algo.num_minibatches=4"] if env == "pendulum" else []))
+    validate_train(cfg)
+    assert cfg.model.name == model and cfg.model.shared
+    assert cfg.model.encoder == ("nature_cnn" if env == "breakout" else "mlp")  # frames get the Nature CNN
 
 
 def test_command_line_beats_env_defaults():
@@ -45,6 +55,11 @@ def test_command_line_beats_env_defaults():
         (["algo=dqn", "algo.buffer_size=5"], "algo.buffer_size=5: must be >= env.num_envs x"),
         (["algo=dqn", "total_steps=100"], "less than one iteration"),
         (["algo=dqn", "algo.replay.alpha=0"], "algo.replay.alpha=0.0: must be > 0"),
+        (["model.name=rnn"], "model.name=rnn: accepted are mlp, nature_cnn, lstm, gru, lru"),
+        (["model=lstm", "algo.num_minibatches=16"], "must divide env.num_envs=8 for model=lstm"),
+        (["model=lru", "model.lru_decay=learned"], "model.lru_decay=learned: accepted are fixed, input"),
+        (["model=lstm", "model.encoder=cnn"], "model.encoder=cnn: accepted are mlp, nature_cnn"),
+        (["model=gru", "model.core_size=0"], "model.core_size=0: must be >= 1"),
     ],
 )
 def test_out_of_range_values_are_refused(overrides, message):

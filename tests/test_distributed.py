@@ -33,13 +33,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_update(ctx: RankContext) -> list[torch.Tensor]:
-    """One PPO update (2 epochs of one minibatch) on this rank's columns of a fixed 8 x 4 rollout."""
+MODELS = {"mlp": ModelConfig(), "lstm": ModelConfig(name="lstm", hidden_sizes=[16], shared=True, core_size=8)}
+
+
+def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor], tuple]:
+    """One PPO update (2 epochs of one minibatch) on this rank's columns of a fixed 8 x 4 rollout; returns the
+    parameters after it and the update shape. A recurrent model's columns are whole env sequences, with their
+    initial states and episode starts."""
     torch.manual_seed(0)
     per_rank = 4 // ctx.world_size
     cfg = PPOConfig(num_steps=8, num_minibatches=1, update_epochs=2)
     space, actions = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
-    algo = PPO(cfg, ModelConfig(), space, actions, per_rank, ctx.device, ctx.mean_all)
+    algo = PPO(cfg, MODELS[model], space, actions, per_rank, ctx.device, ctx.mean_all)
     g = torch.Generator().manual_seed(123)
     full = {
         "obs": torch.randn(8, 4, 4, generator=g),
@@ -50,16 +55,19 @@ def one_update(ctx: RankContext) -> list[torch.Tensor]:
         "rewards": torch.randn(8, 4, generator=g),
         "terminated": torch.rand(8, 4, generator=g) < 0.1,
         "truncated": torch.rand(8, 4, generator=g) < 0.05,
+        "starts": torch.rand(8, 4, generator=g) < 0.2,
     }
     cols = slice(ctx.rank * per_rank, (ctx.rank + 1) * per_rank)
     for name, value in full.items():
         getattr(algo.rollout, name).copy_(value[:, cols])
+    state_size = algo.rollout.initial_state.shape[1]
+    algo.rollout.initial_state.copy_(torch.randn(4, state_size, generator=g)[cols])
     algo.learner = ctx.wrap(algo.learner)
     algo.update(progress=0.0)
-    return [p.detach().clone() for p in algo.model.parameters()]
+    return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape
 
 
-def _rank(rank: int, world: int, port: int, queue) -> None:
+def _rank(rank: int, world: int, port: int, queue, model: str) -> None:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -72,16 +80,18 @@ def _rank(rank: int, world: int, port: int, queue) -> None:
     ctx = from_env("cpu")
     ctx.init()
     try:
-        queue.put((rank, [p.numpy() for p in one_update(ctx)]))  # numpy: no fd sharing to outlive us
+        params, shape = one_update(ctx, model)
+        queue.put((rank, ([p.numpy() for p in params], shape)))  # numpy: no fd sharing to outlive us
     finally:
         ctx.close()
 
 
-def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all():
-    single = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")))
+@pytest.mark.parametrize("model", list(MODELS))
+def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all(model):
+    single, _ = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")), model)
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, queue, model)) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -92,17 +102,18 @@ def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all():
             if p.is_alive():
                 p.kill()
                 p.join()
+    assert results[0][1] == results[1][1]  # the same minibatch shape on both ranks: (8 steps x 2 envs, 1, 2)
     for rank in (0, 1):
-        for a, b in zip(single, results[rank]):
+        for a, b in zip(single, results[rank][0]):
             torch.testing.assert_close(a, torch.from_numpy(b), atol=1e-6, rtol=0)
-    assert any((a != b).any() for a, b in zip(single, one_update_initial()))  # the update did change them
+    assert any((a != b).any() for a, b in zip(single, one_update_initial(model)))  # the update did change them
 
 
-def one_update_initial() -> list[torch.Tensor]:
+def one_update_initial(model: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
     algo = PPO(
         PPOConfig(num_steps=8),
-        ModelConfig(),
+        MODELS[model],
         gym.spaces.Box(-1, 1, (4,)),
         gym.spaces.Discrete(2),
         4,

@@ -187,8 +187,9 @@ class DQN:
         return {"td_loss": loss.item(), "q_values": float(stats["q_values"]), "items": stats["items"], "steps": 1}
 
     @torch.inference_mode()
-    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        """Greedy actions (deterministic) or epsilon-greedy with the final epsilon, for evaluation and play."""
+    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
+        """Greedy actions (deterministic) or epsilon-greedy with the final epsilon, for evaluation and play.
+        (`starts`, the envs whose episodes begin here, matters only to policies with memory.)"""
         return self._explore(obs, 0.0 if deterministic else self.cfg.end_e)
 
     def state_dict(self) -> dict:

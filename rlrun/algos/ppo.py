@@ -1,8 +1,12 @@
 """Proximal Policy Optimization (Schulman et al. 2017) with the implementation details of Huang et al. 2022
 ("The 37 implementation details of PPO"): GAE, clipped surrogate and value loss, entropy bonus, advantage
-normalization, global grad-norm clipping, linear LR annealing, optional target-KL stop and normalization."""
+normalization, global grad-norm clipping, linear LR annealing, optional target-KL stop and normalization.
+Recurrent policies (the LSTM details there; CleanRL's ppo_atari_lstm.py) carry their state across rollouts and
+train on whole env sequences with the state reset where episodes start, without padding or chunking."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -14,7 +18,7 @@ from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.buffers.rollout import Rollout, minibatch_indices
 from rlrun.config import ModelConfig, PPOConfig
 from rlrun.envs import finished_episodes
-from rlrun.models import ActorCritic
+from rlrun.models import RecurrentActorCritic, build_actor_critic
 
 
 def clipped_surrogate_loss(log_ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
@@ -37,7 +41,7 @@ class PPOLearner(nn.Module):
     """The loss module: forward(minibatch) -> (loss, stats). Under DDP this is the wrapped module, so that
     its forward is where gradients get synchronized."""
 
-    def __init__(self, model: ActorCritic, cfg: PPOConfig, mean_all: MeanAll = identity):
+    def __init__(self, model: nn.Module, cfg: PPOConfig, mean_all: MeanAll = identity):
         super().__init__()
         self.model = model
         self.cfg = cfg
@@ -51,9 +55,12 @@ class PPOLearner(nn.Module):
         advantages: Tensor,
         returns: Tensor,
         old_values: Tensor,
+        **memory: Tensor,
     ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The PPO loss of a minibatch of steps [B, ...]; for a recurrent model, of env sequences [T, B, ...]
+        with `memory` = their initial `state` [B, S] and episode `starts` [T, B]."""
         c = self.cfg
-        log_probs, entropy, values = self.model.evaluate(obs, actions)
+        log_probs, entropy, values = self.model.evaluate(obs, actions, **memory)
         log_ratio = log_probs - old_log_probs
         if c.norm_adv:
             advantages = normalize_advantages(advantages, self.mean_all)
@@ -91,7 +98,8 @@ class PPO:
         self.device = device
         self.mean_all = mean_all
         self.num_envs = num_envs
-        self.model = ActorCritic(model_cfg, obs_space, action_space).to(device)
+        self.model = build_actor_critic(model_cfg, obs_space, action_space).to(device)
+        self.recurrent = isinstance(self.model, RecurrentActorCritic)
         self.learner: nn.Module = PPOLearner(self.model, cfg, mean_all)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
         discrete = isinstance(action_space, gym.spaces.Discrete)
@@ -103,11 +111,16 @@ class PPO:
             () if discrete else action_space.shape,
             torch.long if discrete else torch.float32,
             device,
+            self.model.state_size if self.recurrent else 0,
         )
         self.obs_rms = RunningMoments(obs_space.shape, mean_all) if cfg.normalize_obs else None
         self.ret_rms = RunningMoments((), mean_all) if cfg.normalize_reward else None
         self.next_obs: np.ndarray | None = None  # the observation the next collect starts from
         self.discounted_return = np.zeros(num_envs)  # per env, for reward scaling
+        if self.recurrent:  # per env, carried across rollouts: the core's state, and whether next_obs starts an episode
+            self.state = self.model.initial_state(num_envs, device)
+            self.starts = torch.ones(num_envs, dtype=torch.bool, device=device)
+        self.eval_state: Tensor | None = None  # what act() carries between calls (evaluation, play)
 
     @property
     def steps_per_collect(self) -> int:
@@ -135,7 +148,11 @@ class PPO:
         """Act for the envs in `envs` at rollout step t, storing what the policy produced."""
         r = self.rollout
         x = self.preprocess(obs, update_stats=True)
-        action, log_prob, value = self.model.act(x)
+        if self.recurrent:
+            r.starts[t, envs] = self.starts[envs]
+            action, log_prob, value, self.state[envs] = self.model.act(x, self.state[envs], self.starts[envs])
+        else:
+            action, log_prob, value = self.model.act(x)
         r.obs[t, envs] = x
         r.actions[t, envs] = action
         r.log_probs[t, envs] = log_prob
@@ -154,11 +171,23 @@ class PPO:
         if truncated.any():
             final = np.stack(info["final_obs"][truncated])
             idx = torch.arange(envs.start, envs.stop, device=self.device)[torch.as_tensor(truncated)]
-            r.next_values[t, idx] = self.model.value(self.preprocess(final))
+            # The final observation continues the truncated episode: a recurrent model reads it with the
+            # episode's state (not yet reset), as it would have on the next step.
+            r.next_values[t, idx] = self._value(final, idx, starts=torch.zeros_like(idx, dtype=torch.bool))
+        if self.recurrent:
+            self.starts[envs] = torch.as_tensor(terminated | truncated, device=self.device)
         ended, returns, lengths = finished_episodes(info, len(reward))
         if ended.any():
             episodes.append((returns[ended], lengths[ended]))
         return obs
+
+    def _value(self, obs: np.ndarray, envs: Tensor | slice, starts: Tensor | None) -> Tensor:
+        """V of raw observations of the envs `envs`; a recurrent model steps on from each one's current state,
+        reset where `starts`, without keeping the state it would move to."""
+        x = self.preprocess(obs)
+        if not self.recurrent:
+            return self.model.value(x)
+        return self.model.value(x, self.state[envs], starts)
 
     @torch.inference_mode()
     def collect(self, envs, progress: float = 0.0) -> dict[str, np.ndarray]:
@@ -169,6 +198,8 @@ class PPO:
         policy acts for the next, and the rollout layout is the same either way.
         """
         r, groups, episodes = self.rollout, envs.groups, []
+        if self.recurrent:
+            r.initial_state.copy_(self.state)
         obs = [self.next_obs[g] for g in groups]
         for t in range(self.cfg.num_steps):
             for i, g in enumerate(groups):
@@ -178,7 +209,7 @@ class PPO:
         for i, g in enumerate(groups):
             obs[i] = self._observe(envs.recv(i), self.cfg.num_steps - 1, g, episodes)
         self.next_obs = np.concatenate(obs)  # a copy: the pool's observation buffer is reused
-        last_value = self.model.value(self.preprocess(self.next_obs))
+        last_value = self._value(self.next_obs, slice(None), self.starts if self.recurrent else None)
         # Bootstrap from the next step's value except where the episode was truncated (set in _observe).
         following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
         r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
@@ -199,18 +230,18 @@ class PPO:
             rewards, r.values, r.next_values, terminated, terminated | truncated, c.gamma, c.gae_lambda
         )
         batch = {
-            "obs": r.obs.flatten(0, 1),
-            "actions": r.actions.flatten(0, 1),
-            "old_log_probs": r.log_probs.flatten(0, 1),
-            "advantages": advantages.flatten(),
-            "returns": returns.flatten(),
-            "old_values": r.values.flatten(),
+            "obs": r.obs,
+            "actions": r.actions,
+            "old_log_probs": r.log_probs,
+            "advantages": advantages,
+            "returns": returns,
+            "old_values": r.values,
         }
         totals: dict[str, Tensor] = {}
         count = 0
         for _epoch in range(c.update_epochs):
-            for idx in minibatch_indices(self.steps_per_collect, c.num_minibatches):
-                loss, stats = self.learner(**{k: v[idx] for k, v in batch.items()})
+            for minibatch in self._minibatches(batch):
+                loss, stats = self.learner(**minibatch)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
@@ -229,15 +260,38 @@ class PPO:
         )
         return out
 
+    def _minibatches(self, batch: dict[str, Tensor]) -> Iterator[dict[str, Tensor]]:
+        """One epoch's minibatches of the rollout `batch` ([T, N, ...] each). Feedforward: random single steps.
+        Recurrent: random whole env sequences [T, n], with their initial states and episode starts, so the core
+        replays each env's rollout as it acted."""
+        c, r = self.cfg, self.rollout
+        if not self.recurrent:
+            flat = {k: v.flatten(0, 1) for k, v in batch.items()}
+            for idx in minibatch_indices(self.steps_per_collect, c.num_minibatches):
+                yield {k: v[idx] for k, v in flat.items()}
+            return
+        for idx in minibatch_indices(self.num_envs, c.num_minibatches):
+            yield {k: v[:, idx] for k, v in batch.items()} | {"state": r.initial_state[idx], "starts": r.starts[:, idx]}
+
     @torch.inference_mode()
-    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        """Actions for a batch of raw observations (evaluation and play)."""
-        action, _, _ = self.model.act(self.preprocess(obs), deterministic)
+    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
+        """Actions for a batch of raw observations [B, ...] (evaluation and play). `starts` [B] marks the envs
+        whose episode starts with this observation: a recurrent policy carries one state per env from call to
+        call (apart from training's) and resets it there, and starts afresh when B changes; a feedforward
+        policy ignores it."""
+        x = self.preprocess(obs)
+        if not self.recurrent:
+            return self.model.act(x, deterministic)[0].cpu().numpy()
+        if self.eval_state is None or len(self.eval_state) != len(x):
+            self.eval_state = self.model.initial_state(len(x), self.device)
+        starts = torch.zeros(len(x), dtype=torch.bool) if starts is None else torch.as_tensor(starts)
+        action, _, _, self.eval_state = self.model.act(x, self.eval_state, starts.to(self.device), deterministic)
         return action.cpu().numpy()
 
     @property
     def update_shape(self) -> tuple[int, int, int]:
-        """(minibatch size, minibatches per epoch, epochs): every rank must agree on it, or DDP hangs."""
+        """(minibatch size, minibatches per epoch, epochs): every rank must agree on it, or DDP hangs. A
+        recurrent model's minibatch is num_envs / num_minibatches whole sequences of num_steps."""
         c = self.cfg
         return self.steps_per_collect // c.num_minibatches, c.num_minibatches, c.update_epochs
 
@@ -259,15 +313,22 @@ class PPO:
             self.ret_rms.load_state_dict(state["ret_rms"])
 
     def cursor_state(self) -> dict:
-        """What is this rank's own: where its envs are (the next observation, the running returns)."""
-        return {
+        """What is this rank's own: where its envs are (the next observation, the running returns, and for a
+        recurrent policy each env's state and episode-start flag)."""
+        cursor = {
             "next_obs": torch.from_numpy(np.array(self.next_obs)),
             "discounted_return": torch.from_numpy(self.discounted_return.copy()),
         }
+        if self.recurrent:
+            cursor |= {"core_state": self.state.cpu().clone(), "episode_starts": self.starts.cpu().clone()}
+        return cursor
 
     def load_cursor_state(self, state: dict) -> None:
         self.next_obs = state["next_obs"].numpy().copy()
         self.discounted_return = state["discounted_return"].numpy().copy()
+        if self.recurrent:
+            self.state = state["core_state"].to(self.device).clone()
+            self.starts = state["episode_starts"].to(self.device).clone()
 
     def shard_state(self) -> None:
         """PPO has no per-rank state too large to gather (DQN's replay shard is)."""

@@ -9,7 +9,8 @@ from torch import Tensor
 class Rollout:
     """What the policy produced lives on the device; what the env returned (rewards, flags) lives in CPU
     tensors whose numpy views take each step's arrays without a conversion (moved to the device once per
-    update, a no-op on CPU)."""
+    update, a no-op on CPU). For a recurrent policy (state_size > 0) it also holds each env's state at the
+    rollout's start and where episodes start, which is all the update needs to replay the rollout."""
 
     def __init__(
         self,
@@ -20,6 +21,7 @@ class Rollout:
         action_shape: tuple,
         action_dtype: torch.dtype,
         device: torch.device,
+        state_size: int = 0,
     ):
         def zeros(*shape: int, dtype: torch.dtype = torch.float32, on: torch.device = device) -> Tensor:
             return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=on)
@@ -33,11 +35,14 @@ class Rollout:
         self.rewards = zeros(on=cpu)
         self.terminated = zeros(dtype=torch.bool, on=cpu)
         self.truncated = zeros(dtype=torch.bool, on=cpu)
+        self.initial_state = torch.zeros(num_envs, state_size, device=device)  # [N, S] before step 0
+        self.starts = zeros(dtype=torch.bool)  # obs[t] is the first of an episode: the state was reset before it
         self.rewards_np = self.rewards.numpy()
         self.terminated_np = self.terminated.numpy()
         self.truncated_np = self.truncated.numpy()
 
 
 def minibatch_indices(batch_size: int, num_minibatches: int) -> list[Tensor]:
-    """A fresh permutation of range(batch_size) cut into equal minibatches (torch's global RNG)."""
+    """A fresh permutation of range(batch_size) cut into equal minibatches (torch's global RNG): of the
+    T x N steps for a feedforward policy, of the N env sequences for a recurrent one."""
     return list(torch.randperm(batch_size).chunk(num_minibatches))

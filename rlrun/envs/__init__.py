@@ -15,9 +15,12 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
+from rlrun.envs.masked import register_envs
 from rlrun.envs.pool import WorkerPool
 from rlrun.envs.state import env_state, load_env_state
 from rlrun.errors import UserError
+
+register_envs()
 
 
 def _register_ale() -> None:

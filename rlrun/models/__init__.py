@@ -1,5 +1,5 @@
-"""Networks: encoders (MLP, Nature CNN) and the actor-critic built on them."""
+"""Networks: encoders (MLP, Nature CNN), recurrent cores (LSTM, GRU, LRU) and the actor-critics built on them."""
 
-from rlrun.models.actor_critic import ActorCritic
+from rlrun.models.actor_critic import ActorCritic, RecurrentActorCritic, build_actor_critic
 
-__all__ = ["ActorCritic"]
+__all__ = ["ActorCritic", "RecurrentActorCritic", "build_actor_critic"]

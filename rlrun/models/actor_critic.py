@@ -1,5 +1,6 @@
-"""The actor-critic PPO trains: a trunk (two MLPs computed together, or one shared encoder), a policy head
-(categorical logits or Gaussian mean with a state-independent log-std) and a value head."""
+"""The actor-critics PPO trains. Feedforward: a trunk (two MLPs computed together, or one shared encoder), a
+policy head (categorical logits or Gaussian mean with a state-independent log-std) and a value head.
+Recurrent: encoder -> recurrent core -> the same heads, with the core's state passed in and out."""
 
 from __future__ import annotations
 
@@ -9,28 +10,51 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rlrun.config import ModelConfig
+from rlrun.config import RECURRENT_MODELS, ModelConfig
 from rlrun.models import distributions as D
 from rlrun.models.encoders import TwinMLP, build_encoder, layer_init
+from rlrun.models.recurrent import build_core, not_starts
 
 
-class ActorCritic(nn.Module):
-    def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
-        super().__init__()
+class _Heads(nn.Module):
+    """Policy and value heads on trunk features, and what PPO asks of the policy's distribution."""
+
+    def _init_heads(self, features: int, action_space: gym.Space) -> None:
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
             raise ValueError(f"PPO supports Discrete and Box action spaces, not {action_space}")
+        out = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        self.policy_head = layer_init(nn.Linear(features, out), gain=0.01)
+        self.value_head = layer_init(nn.Linear(features, 1), gain=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.zeros(out))
+
+    def _sample(self, out: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
+        """(action, log-prob) from the policy head's output."""
+        if self.discrete:
+            log_p = torch.log_softmax(out, -1)
+            action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
+            return action, D.categorical_log_prob(log_p, action)
+        action = out if deterministic else D.gaussian_sample(out, self.log_std)
+        return action, D.gaussian_log_prob(out, self.log_std, action)
+
+    def _log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        if self.discrete:
+            log_p = torch.log_softmax(out, -1)
+            return D.categorical_log_prob(log_p, actions), D.categorical_entropy(log_p)
+        return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std)
+
+
+class ActorCritic(_Heads):
+    def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
+        super().__init__()
         if cfg.shared:
             self.trunk, features = build_encoder(cfg.name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         else:  # separate actor and critic trunks (CleanRL's classic-control layout)
             self.trunk = TwinMLP(math.prod(obs_space.shape), cfg.hidden_sizes, cfg.activation)
             features = self.trunk.out_dim
         self.shared = cfg.shared
-        out = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        self.policy_head = layer_init(nn.Linear(features, out), gain=0.01)
-        self.value_head = layer_init(nn.Linear(features, 1), gain=1.0)
-        if not self.discrete:
-            self.log_std = nn.Parameter(torch.zeros(out))
+        self._init_heads(features, action_space)
 
     def _heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         if self.shared:
@@ -45,17 +69,64 @@ class ActorCritic(nn.Module):
     def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
         out, value = self._heads(obs)
-        if self.discrete:
-            log_p = torch.log_softmax(out, -1)
-            action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
-            return action, D.categorical_log_prob(log_p, action), value
-        action = out if deterministic else D.gaussian_sample(out, self.log_std)
-        return action, D.gaussian_log_prob(out, self.log_std, action), value
+        return *self._sample(out, deterministic), value
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-prob [B], entropy [B], value [B]) of given actions."""
         out, value = self._heads(obs)
-        if self.discrete:
-            log_p = torch.log_softmax(out, -1)
-            return D.categorical_log_prob(log_p, actions), D.categorical_entropy(log_p), value
-        return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std), value
+        return *self._log_prob_entropy(out, actions), value
+
+
+class RecurrentActorCritic(_Heads):
+    """encoder (MLP or Nature CNN, per step) -> recurrent core (LSTM, GRU or LRU) -> policy and value heads.
+
+    `state` [B, S] is the core's state before the step; `starts` [B] (or [T, B]) marks the envs whose episode
+    starts with this observation, whose state is reset to zero first. Acting steps the core once; `evaluate`
+    replays whole sequences [T, B] from their initial state, resetting where episodes start inside them.
+    """
+
+    def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
+        super().__init__()
+        self.encoder, features = build_encoder(cfg.encoder, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        self.core = build_core(cfg.name, features, cfg.core_size, cfg.activation, cfg.lru_decay)
+        self._init_heads(self.core.out_dim, action_space)
+
+    @property
+    def state_size(self) -> int:
+        return self.core.state_size
+
+    def initial_state(self, num_envs: int, device: torch.device) -> Tensor:
+        return torch.zeros(num_envs, self.core.state_size, device=device)
+
+    def _step(self, obs: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(policy head output, value [B], next state) for one step of a batch [B, ...]."""
+        features, state = self.core.step(self.encoder(obs), state * not_starts(starts, state))
+        return self.policy_head(features), self.value_head(features).squeeze(-1), state
+
+    def value(self, obs: Tensor, state: Tensor, starts: Tensor) -> Tensor:
+        """V of obs [B, ...] after `state`; the state it would move to is not kept."""
+        return self._step(obs, state, starts)[1]
+
+    def act(
+        self, obs: Tensor, state: Tensor, starts: Tensor, deterministic: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(action, log-prob [B], value [B], next state [B, S]) for one step of a batch of envs."""
+        out, value, state = self._step(obs, state, starts)
+        return *self._sample(out, deterministic), value, state
+
+    def evaluate(self, obs: Tensor, actions: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(log-prob [T, B], entropy [T, B], value [T, B]) of the actions taken along sequences obs [T, B, ...]
+        that started from `state` [B, S], with episode starts [T, B]."""
+        steps, envs = starts.shape
+        features = self.encoder(obs.flatten(0, 1)).unflatten(0, (steps, envs))  # one batched call for all steps
+        features, _ = self.core(features, state, starts)
+        out, value = self.policy_head(features), self.value_head(features).squeeze(-1)
+        return *self._log_prob_entropy(out, actions), value
+
+
+def build_actor_critic(
+    cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space
+) -> ActorCritic | RecurrentActorCritic:
+    if cfg.name in RECURRENT_MODELS:
+        return RecurrentActorCritic(cfg, obs_space, action_space)
+    return ActorCritic(cfg, obs_space, action_space)
