@@ -150,16 +150,21 @@ class DQN:
         c, replay = self.cfg, self.replay
         beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
         totals: dict[str, float] = {}
-        for _ in range(c.gradient_steps):
-            shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
-            size = shard_stats[:, 1].sum()
-            if size < max(c.learning_starts, 1):
-                break
+        shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
+        if shard_stats[:, 1].sum() < max(c.learning_starts, 1):
+            return self._update_stats(totals, beta)
+        for step in range(c.gradient_steps):
+            if step > 0 and c.replay.prioritized:  # priorities changed: the shards' masses too (uniform: not)
+                shard_stats = self.shards.gather(replay.stats())
             stats = self._step(shard_stats, beta)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
-        # New items enter at the largest priority any shard has seen, as in one buffer.
-        replay.max_priority = float(self.shards.gather(torch.tensor([replay.max_priority])).max())
+        if c.replay.prioritized:  # new items enter at the largest priority any shard has seen, as in one buffer
+            replay.max_priority = float(self.shards.gather(torch.tensor([replay.max_priority])).max())
+        return self._update_stats(totals, beta)
+
+    def _update_stats(self, totals: dict[str, float], beta: float) -> dict[str, float]:
+        c = self.cfg
         out = {"learning_rate": c.lr, "charts/epsilon": self.epsilon, "charts/updates": float(self.updates)}
         if totals:
             items = totals.pop("items")
