@@ -8,11 +8,10 @@ in this process. SB3's DQN is 1-step and not double, so rlrun runs so here. Prin
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
-from ppo_throughput import rlrun_config, run_rlrun
+from ppo_throughput import learn_and_evaluate, rlrun_config, run_rlrun
 
 from rlrun.config import TrainConfig
 from rlrun.envs import make_env
@@ -29,7 +28,6 @@ RL_ZOO = [
 
 def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
     from stable_baselines3 import DQN
-    from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     a, n = cfg.algo, cfg.env.num_envs
@@ -57,12 +55,7 @@ def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
         device="cpu",
         verbose=0,
     )
-    start = time.perf_counter()
-    model.learn(total_timesteps=cfg.total_steps)
-    sps = model.num_timesteps / (time.perf_counter() - start)
-    eval_env = DummyVecEnv([make_env(cfg.env, train=False) for _ in range(min(cfg.eval.num_envs, cfg.eval.episodes))])
-    mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval.episodes, deterministic=True)
-    return sps, float(mean)
+    return learn_and_evaluate(model, cfg)
 
 
 def main() -> None:

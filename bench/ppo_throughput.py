@@ -67,7 +67,6 @@ def run_rlrun(cfg: TrainConfig) -> tuple[float, float]:
 
 def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
     from stable_baselines3 import PPO
-    from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     a = cfg.algo
@@ -97,6 +96,14 @@ def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
         device="cpu",
         verbose=0,
     )
+    return learn_and_evaluate(model, cfg)
+
+
+def learn_and_evaluate(model, cfg: TrainConfig) -> tuple[float, float]:
+    """Train an SB3 model for cfg.total_steps: (SPS, mean deterministic eval return on rlrun's eval envs)."""
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
     start = time.perf_counter()
     model.learn(total_timesteps=cfg.total_steps)
     sps = model.num_timesteps / (time.perf_counter() - start)

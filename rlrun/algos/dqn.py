@@ -153,6 +153,8 @@ class DQN:
         shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
         if shard_stats[:, 1].sum() < max(c.learning_starts, 1):
             return self._update_stats(totals, beta)
+        if self.updates == 0:  # DDP gave every rank rank 0's network; the target starts from it, not from our own
+            polyak_update(self.target, self.model, 1.0)
         for step in range(c.gradient_steps):
             if step > 0 and c.replay.prioritized:  # priorities changed: the shards' masses too (uniform: not)
                 shard_stats = self.shards.gather(replay.stats())
