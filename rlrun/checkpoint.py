@@ -66,12 +66,19 @@ def save_shard(directory: Path, env_steps: int, rank: int, state: dict, keep_las
 def load_shard(checkpoint: Path, env_steps: int, rank: int) -> dict | None:
     """The shard `rank` saved beside `checkpoint` (saved at `env_steps`), or None if it saved none."""
     path = _shard_path(checkpoint.parent, env_steps, rank)
-    if not path.exists():
-        return None
+    return _load_data(path, "replay shard") if path.exists() else None
+
+
+def _load_data(path: Path, kind: str):
+    """torch.load of plain data only; every way the file can be wrong becomes one UserError naming `kind`."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        raise UserError(f"{path} is not a readable replay shard (corrupt or truncated)") from e
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" in str(e):  # weights_only met a class or function: loading would run code
+            raise UserError(f"{path} holds objects other than plain data; refusing to load it") from e
+        raise UserError(f"{path} is not a readable {kind} (corrupt or truncated)") from e
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        raise UserError(f"{path} is not a readable {kind} (corrupt or truncated)") from e
 
 
 class NullCheckpointer:
@@ -100,14 +107,7 @@ def run_dir_of(checkpoint: Path) -> Path | None:
 def load_checkpoint(path: str | Path) -> dict:
     """Load and check an rlrun checkpoint. Plain data only: a file that would run code is refused."""
     p = resolve_checkpoint(path)
-    try:
-        state = torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "GLOBAL" in str(e):  # weights_only met a class or function: loading would run code
-            raise UserError(f"{p} holds objects other than plain data; refusing to load it") from e
-        raise UserError(f"{p} is not a readable checkpoint (corrupt or truncated)") from e
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        raise UserError(f"{p} is not a readable checkpoint (corrupt or truncated)") from e
+    state = _load_data(p, "checkpoint")
     if not isinstance(state, dict) or "rlrun_format" not in state:
         raise UserError(f"{p} is not an rlrun checkpoint (no format version in it)")
     if state["rlrun_format"] != FORMAT_VERSION:

@@ -4,12 +4,18 @@ processes behind."""
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
+
+from rlrun.distributed import from_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,6 +37,42 @@ def rlrun(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedPr
         text=True,
         timeout=timeout,
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_rank(rank: int, world: int, port: int, queue, job: Callable) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    ctx = from_env("cpu")
+    ctx.init()
+    try:
+        queue.put((rank, job(ctx)))  # numpy or plain data: no tensor fd sharing to outlive the process
+    finally:
+        ctx.close()
+
+
+def on_gloo_ranks(job: Callable, world: int = 2, timeout: float = 150) -> dict:
+    """{rank: job(ctx)} from `world` spawned processes joined in a real gloo group on a free port; they are
+    reaped (killed if they linger) before this returns. `job` must be picklable (module level or a partial)."""
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, world, port, queue, job)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return dict(queue.get(timeout=timeout) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -4,14 +4,13 @@ sync, rank-0-only writes, global metrics, exact resume, failures, signals, torch
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -20,17 +19,11 @@ import torch
 
 from rlrun.algos.ppo import PPO
 from rlrun.config import ModelConfig, PPOConfig
-from rlrun.distributed import RankContext, from_env
-from tests.conftest import cli_env, read_jsonl, rlrun
+from rlrun.distributed import RankContext
+from tests.conftest import cli_env, free_port, on_gloo_ranks, read_jsonl, rlrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(240)]
 TWO = ["distributed.nproc_per_node=2", "logging.progress=plain", "eval.episodes=4", "eval.num_envs=2"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 MODELS = {"mlp": ModelConfig(), "lstm": ModelConfig(name="lstm", hidden_sizes=[16], shared=True, core_size=8)}
@@ -67,41 +60,15 @@ def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor]
     return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape
 
 
-def _rank(rank: int, world: int, port: int, queue, model: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
-    ctx = from_env("cpu")
-    ctx.init()
-    try:
-        params, shape = one_update(ctx, model)
-        queue.put((rank, ([p.numpy() for p in params], shape)))  # numpy: no fd sharing to outlive us
-    finally:
-        ctx.close()
+def _one_update_numpy(ctx: RankContext, model: str) -> tuple[list, tuple]:
+    params, shape = one_update(ctx, model)
+    return [p.numpy() for p in params], shape
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all(model):
     single, _ = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")), model)
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, queue, model)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(queue.get(timeout=120) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    results = on_gloo_ranks(partial(_one_update_numpy, model=model), timeout=120)
     assert results[0][1] == results[1][1]  # the same minibatch shape on both ranks: (8 steps x 2 envs, 1, 2)
     for rank in (0, 1):
         for a, b in zip(single, results[rank][0]):

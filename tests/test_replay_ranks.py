@@ -3,9 +3,6 @@ DDP-averaged gradient when ranks hold different numbers of a batch's items."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -14,9 +11,9 @@ import torch
 from rlrun.algos.dqn import DQNLearner
 from rlrun.buffers.replay import ReplayBuffer, importance_weights
 from rlrun.config import ModelConfig
-from rlrun.distributed import RankContext, from_env
+from rlrun.distributed import RankContext
 from rlrun.models.q_network import QNetwork
-from tests.test_distributed import free_port
+from tests.conftest import on_gloo_ranks
 from tests.test_replay import chi2, chi2_quantile
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
@@ -72,36 +69,12 @@ def gradient(ctx: RankContext, counts: tuple[int, int]) -> list[np.ndarray]:
     return [p.grad.numpy().copy() for p in model.parameters()]
 
 
-def _rank(rank: int, port: int, job: str, queue) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    ctx = from_env("cpu")
-    ctx.init()
-    try:
-        if job == "draws":
-            out = {"prioritized": draw_batches(ctx, 0.6), "uniform": draw_batches(ctx, None)}
-        else:
-            out = {c: gradient(ctx, c) for c in ((5, 1), (6, 0), (3, 3))}
-        queue.put((rank, out))
-    finally:
-        ctx.close()
+def both_draws(ctx: RankContext) -> dict:
+    return {"prioritized": draw_batches(ctx, 0.6), "uniform": draw_batches(ctx, None)}
 
 
-def on_two_ranks(job: str) -> dict:
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, job, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        return dict(queue.get(timeout=150) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+def all_gradients(ctx: RankContext) -> dict:
+    return {c: gradient(ctx, c) for c in ((5, 1), (6, 0), (3, 3))}
 
 
 @pytest.mark.parametrize("kind", ["prioritized", "uniform"])
@@ -124,11 +97,11 @@ def test_two_shards_sample_exactly_as_one_buffer_holding_both(kind, shard_draws)
 
 @pytest.fixture(scope="module")
 def shard_draws() -> dict:
-    return on_two_ranks("draws")
+    return on_gloo_ranks(both_draws)
 
 
 def test_ddp_gradient_equals_the_single_buffer_gradient_when_ranks_hold_unequal_shares():
-    ranks = on_two_ranks("gradients")
+    ranks = on_gloo_ranks(all_gradients)
     single = RankContext(0, 0, 1, 1, torch.device("cpu"))
     for counts in ((5, 1), (6, 0), (3, 3)):
         expected = gradient(single, counts)

@@ -29,6 +29,14 @@ FRAGILE = (
 )
 
 
+def run_sweep(tmp_path: Path, *args: str) -> Path:
+    """`rlrun train -m ARGS` (short jobs) into tmp_path/sweep; fails the test if the sweep itself fails."""
+    sweep = tmp_path / "sweep"
+    out = rlrun("train", "-m", *args, *SHORT, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return sweep
+
+
 def summaries(sweep: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/summary.json")}
 
@@ -42,11 +50,7 @@ def test_interquartile_mean_drops_the_outer_quarters():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sweep_then_report_matches_the_runs_own_summaries(tmp_path):
-    sweep = tmp_path / "sweep"
-    out = rlrun(
-        "train", "-m", "algo.lr=1e-3,3e-4", "seed=1,2", *SHORT, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=240
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    sweep = run_sweep(tmp_path, "algo.lr=1e-3,3e-4", "seed=1,2")
     runs = summaries(sweep)
     assert len(runs) == 4 and all(s["status"] == "completed" for s in runs.values())
 
@@ -73,18 +77,7 @@ def test_sweep_then_report_matches_the_runs_own_summaries(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     (tmp_path / "fragile_envs.py").write_text(FRAGILE)
-    sweep = tmp_path / "sweep"
-    out = rlrun(
-        "train",
-        "-m",
-        "env.id=Fragile-v0,CartPole-v1",
-        "env.imports=[fragile_envs]",
-        *SHORT,
-        f"hydra.sweep.dir={sweep}",
-        cwd=tmp_path,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    sweep = run_sweep(tmp_path, "env.id=Fragile-v0,CartPole-v1", "env.imports=[fragile_envs]")
     runs = summaries(sweep)
     assert runs["0"]["status"] == "failed" and "fragile env broke" in runs["0"]["error"]
     assert runs["1"]["status"] == "completed"
@@ -96,19 +89,7 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_joblib_jobs_run_in_parallel_and_split_the_cores(tmp_path):
-    sweep = tmp_path / "sweep"
-    out = rlrun(
-        "train",
-        "-m",
-        "seed=1,2",
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",
-        *SHORT,
-        f"hydra.sweep.dir={sweep}",
-        cwd=tmp_path,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    sweep = run_sweep(tmp_path, "seed=1,2", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
     runs = summaries(sweep)
     assert len(runs) == 2 and all(s["status"] == "completed" for s in runs.values())
     assert all(s["threads"] == max(1, (os.cpu_count() or 1) // 2) for s in runs.values())
@@ -117,18 +98,7 @@ def test_joblib_jobs_run_in_parallel_and_split_the_cores(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_optuna_sweeper_runs_trials_and_maximizes_the_returned_eval(tmp_path):
-    sweep = tmp_path / "sweep"
-    out = rlrun(
-        "train",
-        "-m",
-        "+sweep=ppo_cartpole_optuna",
-        "hydra.sweeper.n_trials=3",
-        *SHORT,
-        f"hydra.sweep.dir={sweep}",
-        cwd=tmp_path,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    sweep = run_sweep(tmp_path, "+sweep=ppo_cartpole_optuna", "hydra.sweeper.n_trials=3")
     runs = summaries(sweep)
     assert len(runs) == 3
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_value"]

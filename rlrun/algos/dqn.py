@@ -5,6 +5,7 @@ head, and uniform or prioritized replay whose shards across ranks sample as one 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -42,7 +43,7 @@ def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 
 
 class DQNLearner(nn.Module):
-    """The loss module DDP wraps: forward(minibatch) -> (loss, |TD errors|, stats). The loss is
+    """The loss module DDP wraps: forward(minibatch) -> (loss, |TD errors|, Q(s, a)). The loss is
     sum_i w_i Huber(Q(s_i, a_i) - y_i) / batch_size: with DDP's gradient averaging over the ranks this is the
     mean over the global batch even when ranks hold different numbers of its items (replay.py)."""
 
@@ -51,10 +52,10 @@ class DQNLearner(nn.Module):
         self.model = model
         self.batch_size = batch_size
 
-    def forward(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, dict]:
+    def forward(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q = self.model(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         loss = (weights * F.huber_loss(q, targets, reduction="none")).sum() / self.batch_size
-        return loss, (q - targets).detach().abs(), {"q_values": q.detach().sum(), "items": len(q)}
+        return loss, (q - targets).detach().abs(), q.detach()
 
 
 class DQN:
@@ -83,28 +84,23 @@ class DQN:
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
         self.num_actions = int(action_space.n)
-        self._replay_args = (cfg.buffer_size, num_envs, obs_space.shape, obs_space.dtype, frame_stack)
-        self._replay: ReplayBuffer | None = None  # allocated on first use: play and eval never need it
+        # np.zeros storage: pages are only allocated as the replay fills (play never fills it).
+        self.replay = ReplayBuffer(
+            cfg.buffer_size,
+            num_envs,
+            obs_space.shape,
+            obs_space.dtype,
+            frame_stack,
+            n_step=cfg.n_step,
+            gamma=cfg.gamma,
+            alpha=cfg.replay.alpha if cfg.replay.prioritized else None,
+            priority_eps=cfg.replay.priority_eps,
+        )
         # The stream that splits each global batch over the shards: seeded alike on every rank.
         self.shard_rng = torch.Generator().manual_seed(1)
         self.updates = 0
         self.epsilon = cfg.start_e
-        self._max_priority = 1.0  # handed to the replay when it is allocated
         self.next_obs: np.ndarray | None = None
-
-    @property
-    def replay(self) -> ReplayBuffer:
-        if self._replay is None:
-            r = self.cfg.replay
-            self._replay = ReplayBuffer(
-                *self._replay_args,
-                n_step=self.cfg.n_step,
-                gamma=self.cfg.gamma,
-                alpha=r.alpha if r.prioritized else None,
-                priority_eps=r.priority_eps,
-            )
-            self._replay.max_priority = self._max_priority
-        return self._replay
 
     @property
     def steps_per_collect(self) -> int:
@@ -149,40 +145,42 @@ class DQN:
         it reads gathered numbers)."""
         c, replay = self.cfg, self.replay
         beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
-        totals: dict[str, float] = {}
+        losses, q_sum, items = [], 0.0, 0
         shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
         if shard_stats[:, 1].sum() < max(c.learning_starts, 1):
-            return self._update_stats(totals, beta)
+            return self._update_stats(beta)
         if self.updates == 0:  # DDP gave every rank rank 0's network; the target starts from it, not from our own
             polyak_update(self.target, self.model, 1.0)
         for step in range(c.gradient_steps):
             if step > 0 and c.replay.prioritized:  # priorities changed: the shards' masses too (uniform: not)
                 shard_stats = self.shards.gather(replay.stats())
-            stats = self._step(shard_stats, beta)
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v
+            loss, q = self._step(shard_stats, beta)
+            losses.append(loss)
+            q_sum, items = q_sum + float(q.sum()), items + len(q)
         if c.replay.prioritized:  # new items enter at the largest priority any shard has seen, as in one buffer
             replay.max_priority = float(self.shards.gather(torch.tensor([replay.max_priority])).max())
-        return self._update_stats(totals, beta)
+        return self._update_stats(beta, losses, q_sum / max(items, 1))
 
-    def _update_stats(self, totals: dict[str, float], beta: float) -> dict[str, float]:
+    def _update_stats(self, beta: float, losses: Sequence[float] = (), q_mean: float = 0.0) -> dict[str, float]:
+        """What an update logs; td_loss (mean over its updates) and q_values (mean over this rank's items) once
+        it has made any."""
         c = self.cfg
         out = {"learning_rate": c.lr, "charts/epsilon": self.epsilon, "charts/updates": float(self.updates)}
-        if totals:
-            items = totals.pop("items")
-            out |= {"td_loss": totals["td_loss"] / totals["steps"], "q_values": totals["q_values"] / max(items, 1)}
+        if losses:
+            out |= {"td_loss": sum(losses) / len(losses), "q_values": q_mean}
         if c.replay.prioritized:
             out["charts/beta"] = beta
         return out
 
-    def _step(self, shard_stats: Tensor, beta: float) -> dict[str, float]:
+    def _step(self, shard_stats: Tensor, beta: float) -> tuple[float, Tensor]:
+        """One update on this rank's share of a global batch: (its loss, Q(s, a) of its items)."""
         c, replay = self.cfg, self.replay
         items, weights = replay.sample_global(shard_stats, self.shards.index, c.batch_size, beta, self.shard_rng)
         batch = {k: self._obs(v) for k, v in replay.batch(items).items()}
         with torch.no_grad():
             next_obs, returns, discount = batch["next_obs"], batch["returns"], batch["discount"]
             targets = q_targets(self.model, self.target, next_obs, returns, discount, c.double_q)
-        loss, td_abs, stats = self.learner(batch["obs"], batch["actions"], targets, self._obs(weights).float())
+        loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, self._obs(weights).float())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
@@ -191,7 +189,7 @@ class DQN:
         self.updates += 1
         if self.updates % c.target_update_interval == 0:
             polyak_update(self.target, self.model, c.tau)
-        return {"td_loss": loss.item(), "q_values": float(stats["q_values"]), "items": stats["items"], "steps": 1}
+        return loss.item(), q
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
@@ -207,7 +205,7 @@ class DQN:
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
             "shard_rng": self.shard_rng.get_state(),
-            "max_priority": self._replay.max_priority if self._replay is not None else self._max_priority,
+            "max_priority": self.replay.max_priority,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -216,9 +214,7 @@ class DQN:
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = state["updates"]
         self.shard_rng.set_state(state["shard_rng"])
-        self._max_priority = state["max_priority"]
-        if self._replay is not None:
-            self._replay.max_priority = self._max_priority
+        self.replay.max_priority = state["max_priority"]
 
     def cursor_state(self) -> dict:
         return {"next_obs": torch.from_numpy(np.array(self.next_obs))}
