@@ -259,6 +259,16 @@ def _unknown_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> list
     return found
 
 
+def _reference(command: str, combo: list[str]) -> DictConfig:
+    """The config the command line's group choices give, without its other overrides: the keys that exist for
+    this run (algo=dqn has algo.replay.*, the default algo does not). Plain defaults if a choice is the error."""
+    choices = [o for o in combo if o.split("=", 1)[0] in GROUPS]
+    try:
+        return compose(command, overrides=choices)
+    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException):
+        return compose(command)
+
+
 def preflight(command: str, args: list[str]) -> list[str]:
     """Compose and validate every configuration the command would run; returns the args to run with
     (a resumed run is pointed at its original run folder)."""
@@ -277,9 +287,9 @@ def preflight(command: str, args: list[str]) -> list[str]:
             try:
                 cfg = compose(command, overrides=combo)
             except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as e:
-                raise UserError(_error_line(e, compose(command))) from e
+                raise UserError(_error_line(e, _reference(command, combo))) from e
             except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
-                raise UserError(_null_parent_line(combo, compose(command))) from e
+                raise UserError(_null_parent_line(combo, _reference(command, combo))) from e
             try:
                 typed = OmegaConf.to_object(cfg)
             except OmegaConfBaseException as e:  # a required key left unset (e.g. play checkpoint=...)

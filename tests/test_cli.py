@@ -39,6 +39,7 @@ BAD_TRAIN = [
     (["algo=dqn", "algo.exploration_fraction=2"], "algo.exploration_fraction=2.0: must be in (0, 1]"),
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a discrete action space"),
     (["algo=dqn", "model=lstm"], "model=lstm trains with algo=ppo"),
+    (["algo=dqn", "algo.replay.alpa=1"], "unknown key 'algo.replay.alpa'; did you mean algo.replay.alpha?"),
     (["env=nope"], "unknown env 'nope'; choose one of: acrobot, breakout, cartpole, cartpole_masked, pendulum"),
     (["model=nope"], "unknown model 'nope'"),
     (["algo.lrr=0.1"], "unknown key 'algo.lrr'; did you mean algo.lr?"),
