@@ -39,14 +39,18 @@ CASES = {
             "total_steps=100000",
         ],
         threads=1,
+        seeds=3,  # final evals of one seed vary by +-100 for both libraries: compare means over seeds
     ),
-    "breakout": dict(overrides=["env=breakout", "env.num_envs=8", "eval.episodes=4", "eval.num_envs=4"], threads=2),
+    "breakout": dict(
+        overrides=["env=breakout", "env.num_envs=8", "eval.episodes=4", "eval.num_envs=4"], threads=2, seeds=1
+    ),
 }
 
 
-def rlrun_config(overrides: list[str], threads: int, steps: int | None) -> TrainConfig:
+def rlrun_config(overrides: list[str], threads: int, steps: int | None, seed: int = 1) -> TrainConfig:
     register_configs()
     extra = [
+        f"seed={seed}",
         f"threads={threads}",
         "eval.every_steps=0",
         "checkpoint.every_steps=0",
@@ -78,6 +82,7 @@ def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
         if cnn
         else dict(net_arch=dict(pi=cfg.model.hidden_sizes, vf=cfg.model.hidden_sizes), activation_fn=torch.nn.Tanh)
     )
+    policy_kwargs["optimizer_kwargs"] = dict(eps=a.adam_eps)
     model = PPO(
         "CnnPolicy" if cnn else "MlpPolicy",
         env,
@@ -88,6 +93,8 @@ def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
         gamma=a.gamma,
         gae_lambda=a.gae_lambda,
         clip_range=a.clip_coef,
+        clip_range_vf=a.clip_coef if a.clip_vloss else None,
+        normalize_advantage=a.norm_adv,
         ent_coef=a.ent_coef,
         vf_coef=a.vf_coef,
         max_grad_norm=a.max_grad_norm,
@@ -121,19 +128,29 @@ def main() -> None:
     for name, case in CASES.items():
         if args.only and name != args.only:
             continue
-        cfg = rlrun_config(case["overrides"], case["threads"], args.breakout_steps if name == "breakout" else None)
-        ours = run_rlrun(cfg)
-        peer = run_sb3(cfg)
-        rows.append((name, cfg.total_steps, ours, peer))
+        steps = args.breakout_steps if name == "breakout" else None
+        ours, peer = [], []
+        for seed in range(1, case["seeds"] + 1):  # the two libraries alternate, so drift hits both alike
+            cfg = rlrun_config(case["overrides"], case["threads"], steps, seed)
+            ours.append(run_rlrun(cfg))
+            peer.append(run_sb3(cfg))
+            print(
+                f"{name} seed {seed}: rlrun {ours[-1][0]:.0f} sps (eval {ours[-1][1]:.1f}), "
+                f"SB3 {peer[-1][0]:.0f} sps (eval {peer[-1][1]:.1f})",
+                flush=True,
+            )
+        rows.append((name, cfg.total_steps, len(ours), np.array(ours), np.array(peer)))
+    print(
+        "\n| case | steps | seeds | rlrun SPS (median) | SB3 SPS (median) | ratio | rlrun eval (mean) "
+        "| SB3 eval (mean) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, steps, seeds, ours, peer in rows:
+        sps, psps = np.median(ours[:, 0]), np.median(peer[:, 0])
         print(
-            f"{name}: rlrun {ours[0]:.0f} sps (eval {ours[1]:.1f}), SB3 {peer[0]:.0f} sps (eval {peer[1]:.1f}), "
-            f"ratio {ours[0] / peer[0]:.2f}x",
-            flush=True,
+            f"| {name} | {steps} | {seeds} | {sps:.0f} | {psps:.0f} | {sps / psps:.2f}x "
+            f"| {ours[:, 1].mean():.1f} | {peer[:, 1].mean():.1f} |"
         )
-    print("\n| case | steps | rlrun SPS | SB3 SPS | ratio | rlrun eval | SB3 eval |")
-    print("|---|---|---|---|---|---|---|")
-    for name, steps, (sps, ev), (psps, pev) in rows:
-        print(f"| {name} | {steps} | {sps:.0f} | {psps:.0f} | {sps / psps:.2f}x | {ev:.1f} | {np.round(pev, 1)} |")
 
 
 if __name__ == "__main__":

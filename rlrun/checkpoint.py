@@ -12,7 +12,7 @@ import torch
 
 from rlrun.errors import UserError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: optimizer state is FlatAdam's (one flat buffer)
 _PREFIX = "ckpt_"
 
 

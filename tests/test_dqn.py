@@ -93,6 +93,7 @@ def test_breakout_prioritized_n_step_smoke_then_play(tmp_path):
         "algo=dqn",
         "env=breakout",
         "env.num_envs=2",
+        "env.max_episode_steps=4000",  # frames: an untrained greedy agent that never serves would play 108k
         "algo.buffer_size=4000",
         "algo.learning_starts=256",
         "algo.replay.prioritized=true",

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from rlrun.algos.flat_adam import FlatAdam
 from rlrun.buffers.replay import ONE_SHARD, ReplayBuffer, Shards
 from rlrun.config import DQNConfig, ModelConfig
 from rlrun.envs import finished_episodes
@@ -82,7 +83,7 @@ class DQN:
         self.model = QNetwork(model_cfg, obs_space, action_space, cfg.dueling).to(device)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self.optimizer = FlatAdam(list(self.model.parameters()), cfg.lr, cfg.adam_eps)
         self.num_actions = int(action_space.n)
         # np.zeros storage: pages are only allocated as the replay fills (play never fills it).
         self.replay = ReplayBuffer(
@@ -132,7 +133,7 @@ class DQN:
             ended, returns, lengths = finished_episodes(info, self.num_envs)
             if ended.any():
                 episodes.append((returns[ended], lengths[ended]))
-            obs = np.array(next_obs)  # a copy: the worker pool reuses its observation buffer
+            obs = next_obs
         self.next_obs = obs
         return {
             "episode_returns": np.concatenate([e[0] for e in episodes] or [np.zeros(0)]),
@@ -181,9 +182,9 @@ class DQN:
             next_obs, returns, discount = batch["next_obs"], batch["returns"], batch["discount"]
             targets = q_targets(self.model, self.target, next_obs, returns, discount, c.double_q)
         loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, self._obs(weights).float())
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         loss.backward()
-        nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
+        self.optimizer.clip_grad_norm(c.max_grad_norm)
         self.optimizer.step()
         replay.update_priorities(items, td_abs.cpu().numpy())
         self.updates += 1

@@ -13,12 +13,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlrun.algos.flat_adam import FlatAdam
+from rlrun.algos.fused_ppo import FusedPPOLoss
 from rlrun.algos.normalize import MeanAll, RunningMoments, identity, normalize_advantages
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.buffers.rollout import Rollout, minibatch_indices
 from rlrun.config import ModelConfig, PPOConfig
 from rlrun.envs import finished_episodes
-from rlrun.models import RecurrentActorCritic, build_actor_critic
+from rlrun.models import ActorCritic, RecurrentActorCritic, build_actor_critic
+from rlrun.models.numpy_policy import NumpyPolicy
 
 
 def clipped_surrogate_loss(log_ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
@@ -37,15 +40,21 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float,
     return 0.5 * torch.max(unclipped, (clipped - returns).square()).mean()
 
 
+STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+
+
 class PPOLearner(nn.Module):
-    """The loss module: forward(minibatch) -> (loss, stats). Under DDP this is the wrapped module, so that
-    its forward is where gradients get synchronized."""
+    """The loss module: forward(minibatch) -> (loss, stats [len(STATS)]). Under DDP this is the wrapped
+    module, so that its forward is where gradients get synchronized. A feedforward MLP actor-critic takes the
+    fused path (FusedPPOLoss: the same loss with its gradient by hand); a change to the loss below must be
+    made there too, where tests/test_fast_paths.py checks the two agree."""
 
     def __init__(self, model: nn.Module, cfg: PPOConfig, mean_all: MeanAll = identity):
         super().__init__()
         self.model = model
         self.cfg = cfg
         self.mean_all = mean_all
+        self.fused = model.fused_params() if isinstance(model, ActorCritic) else None
 
     def forward(
         self,
@@ -56,28 +65,38 @@ class PPOLearner(nn.Module):
         returns: Tensor,
         old_values: Tensor,
         **memory: Tensor,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> tuple[Tensor, Tensor]:
         """The PPO loss of a minibatch of steps [B, ...]; for a recurrent model, of env sequences [T, B, ...]
         with `memory` = their initial `state` [B, S] and episode `starts` [T, B]."""
         c = self.cfg
-        log_probs, entropy, values = self.model.evaluate(obs, actions, **memory)
-        log_ratio = log_probs - old_log_probs
         if c.norm_adv:
             advantages = normalize_advantages(advantages, self.mean_all)
+        if self.fused is not None:
+            m = self.model
+            return FusedPPOLoss.apply(
+                c, m.trunk.relu, m.discrete, obs, actions, old_log_probs, advantages, returns, old_values, *self.fused
+            )
+        log_probs, entropy, values = self.model.evaluate(obs, actions, **memory)
+        log_ratio = log_probs - old_log_probs
         pg_loss = clipped_surrogate_loss(log_ratio, advantages, c.clip_coef)
         v_loss = value_loss(values, old_values, returns, c.clip_coef, c.clip_vloss)
         entropy_mean = entropy.mean()
         loss = pg_loss - c.ent_coef * entropy_mean + c.vf_coef * v_loss
         with torch.no_grad():
             ratio = log_ratio.exp()
-            stats = {
-                "policy_loss": pg_loss.detach(),
-                "value_loss": v_loss.detach(),
-                "entropy": entropy_mean.detach(),
-                "approx_kl": ((ratio - 1) - log_ratio).mean(),  # k3 estimator (Schulman 2020)
-                "clip_fraction": ((ratio - 1).abs() > c.clip_coef).float().mean(),
-            }
+            stats = torch.stack(
+                [
+                    pg_loss,
+                    v_loss,
+                    entropy_mean,
+                    ((ratio - 1) - log_ratio).mean(),  # k3 estimator (Schulman 2020)
+                    ((ratio - 1).abs() > c.clip_coef).float().mean(),
+                ]
+            )
         return loss, stats
+
+
+_STEP_FIELDS = ("obs", "actions", "log_probs", "values")  # what acting stores per step, as Rollout names them
 
 
 class PPO:
@@ -101,7 +120,10 @@ class PPO:
         self.model = build_actor_critic(model_cfg, obs_space, action_space).to(device)
         self.recurrent = isinstance(self.model, RecurrentActorCritic)
         self.learner: nn.Module = PPOLearner(self.model, cfg, mean_all)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self.optimizer = FlatAdam(list(self.model.parameters()), cfg.lr, cfg.adam_eps)
+        # Acting on CPU goes through numpy where it can (the fused MLP): after FlatAdam, whose buffer it views.
+        cpu_mlp = device.type == "cpu" and self.learner.fused is not None
+        self.numpy_policy = NumpyPolicy(self.model) if cpu_mlp else None
         discrete = isinstance(action_space, gym.spaces.Discrete)
         self.rollout = Rollout(
             cfg.num_steps,
@@ -144,20 +166,20 @@ class PPO:
         scaled = rewards / np.sqrt(self.ret_rms.var.item() + 1e-8)
         return np.clip(scaled, -self.cfg.clip_obs, self.cfg.clip_obs)
 
-    def _act(self, obs: np.ndarray, t: int, envs: slice) -> np.ndarray:
-        """Act for the envs in `envs` at rollout step t, storing what the policy produced."""
-        r = self.rollout
+    def _act(self, obs: np.ndarray, t: int, envs: slice, steps: dict[str, list[Tensor]]) -> np.ndarray:
+        """Act for the envs in `envs` at rollout step t, appending what the policy produced to `steps`
+        (stacked into the rollout at the end: one copy per rollout, not four small ones per step)."""
         x = self.preprocess(obs, update_stats=True)
-        if self.recurrent:
-            r.starts[t, envs] = self.starts[envs]
-            action, log_prob, value, self.state[envs] = self.model.act(x, self.state[envs], self.starts[envs])
+        if self.numpy_policy is not None:
+            acted = [torch.from_numpy(a) for a in self.numpy_policy.act(x.numpy())]
+        elif self.recurrent:
+            self.rollout.starts[t, envs] = self.starts[envs]
+            *acted, self.state[envs] = self.model.act(x, self.state[envs], self.starts[envs])
         else:
-            action, log_prob, value = self.model.act(x)
-        r.obs[t, envs] = x
-        r.actions[t, envs] = action
-        r.log_probs[t, envs] = log_prob
-        r.values[t, envs] = value
-        return action.cpu().numpy()
+            acted = self.model.act(x)
+        for name, v in zip(_STEP_FIELDS, (x, *acted)):
+            steps[name].append(v)
+        return acted[0].cpu().numpy()
 
     def _observe(self, result: tuple, t: int, envs: slice, episodes: list) -> np.ndarray:
         """Store what the envs in `envs` returned for rollout step t; returns their next observations."""
@@ -201,14 +223,17 @@ class PPO:
         if self.recurrent:
             r.initial_state.copy_(self.state)
         obs = [self.next_obs[g] for g in groups]
+        steps = [{name: [] for name in _STEP_FIELDS} for _ in groups]
         for t in range(self.cfg.num_steps):
             for i, g in enumerate(groups):
                 if t > 0:
                     obs[i] = self._observe(envs.recv(i), t - 1, g, episodes)
-                envs.send(i, self._act(obs[i], t, g))
+                envs.send(i, self._act(obs[i], t, g, steps[i]))
         for i, g in enumerate(groups):
             obs[i] = self._observe(envs.recv(i), self.cfg.num_steps - 1, g, episodes)
-        self.next_obs = np.concatenate(obs)  # a copy: the pool's observation buffer is reused
+            for name, values in steps[i].items():
+                getattr(r, name)[:, g] = torch.stack(values)
+        self.next_obs = np.concatenate(obs)  # the groups' observations, in env order
         last_value = self._value(self.next_obs, slice(None), self.starts if self.recurrent else None)
         # Bootstrap from the next step's value except where the episode was truncated (set in _observe).
         following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
@@ -223,8 +248,6 @@ class PPO:
         done, which sets the annealed learning rate."""
         c, r = self.cfg, self.rollout
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         rewards, terminated, truncated = (x.to(self.device) for x in (r.rewards, r.terminated, r.truncated))
         advantages, returns = compute_gae(
             rewards, r.values, r.next_values, terminated, terminated | truncated, c.gamma, c.gae_lambda
@@ -237,22 +260,21 @@ class PPO:
             "returns": returns,
             "old_values": r.values,
         }
-        totals: dict[str, Tensor] = {}
+        totals = torch.zeros(len(STATS), device=self.device)
         count = 0
         for _epoch in range(c.update_epochs):
             for minibatch in self._minibatches(batch):
                 loss, stats = self.learner(**minibatch)
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad()
                 loss.backward()
-                nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm, foreach=True)
-                self.optimizer.step()
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
+                self.optimizer.clip_grad_norm(c.max_grad_norm)
+                self.optimizer.step(lr)
+                totals += stats
                 count += 1
             # Every rank takes this decision on the same all-reduced KL, so all stop together.
-            if c.target_kl is not None and self.mean_all(stats["approx_kl"]) > c.target_kl:
+            if c.target_kl is not None and self.mean_all(stats[STATS.index("approx_kl")]) > c.target_kl:
                 break
-        out = {k: float(v) / count for k, v in totals.items()}
+        out = dict(zip(STATS, (totals / count).tolist()))
         out.update(
             learning_rate=lr,
             explained_variance=explained_variance(r.values.flatten(), returns.flatten()),
@@ -266,9 +288,12 @@ class PPO:
         replays each env's rollout as it acted."""
         c, r = self.cfg, self.rollout
         if not self.recurrent:
-            flat = {k: v.flatten(0, 1) for k, v in batch.items()}
-            for idx in minibatch_indices(self.steps_per_collect, c.num_minibatches):
-                yield {k: v[idx] for k, v in flat.items()}
+            # One gather per tensor and epoch; the minibatches are then slices of it.
+            perm = torch.cat(minibatch_indices(self.steps_per_collect, c.num_minibatches))
+            shuffled = {k: v.flatten(0, 1)[perm] for k, v in batch.items()}
+            size = self.steps_per_collect // c.num_minibatches
+            for start in range(0, self.steps_per_collect, size):
+                yield {k: v[start : start + size] for k, v in shuffled.items()}
             return
         for idx in minibatch_indices(self.num_envs, c.num_minibatches):
             yield {k: v[:, idx] for k, v in batch.items()} | {"state": r.initial_state[idx], "starts": r.starts[:, idx]}

@@ -11,13 +11,12 @@ from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
 from rlrun.envs.masked import register_envs
 from rlrun.envs.pool import WorkerPool
-from rlrun.envs.state import env_state, load_env_state
+from rlrun.envs.sync import SyncEnvs
 from rlrun.errors import UserError
 
 register_envs()
@@ -108,29 +107,6 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
         return env
 
     return thunk
-
-
-class SyncEnvs(SyncVectorEnv):
-    """gymnasium's SyncVectorEnv with the interface rlrun's collect loops use: one group of envs stepped
-    with send/recv (the worker pool has two when double buffering), and env state for checkpoints."""
-
-    def __init__(self, env_fns: list[Callable[[], gym.Env]]):
-        super().__init__(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
-        self.groups = [slice(0, self.num_envs)]
-        self._result = None
-
-    def send(self, group: int, actions: np.ndarray) -> None:
-        self._result = self.step(actions)
-
-    def recv(self, group: int):
-        return self._result
-
-    def get_env_state(self) -> list:
-        return [env_state(env) for env in self.envs]
-
-    def set_env_state(self, state: list) -> None:
-        for env, s in zip(self.envs, state, strict=True):
-            load_env_state(env, s)
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEnvs | WorkerPool:

@@ -21,10 +21,9 @@ from collections.abc import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlrun.envs.state import env_state, load_env_state
+from rlrun.envs.sync import batch_infos, env_buffers, run_command, step_results
 
 # Parent ends of every worker pipe this process holds. A forked child closes all of them, so that when the
 # rank dies the only ends left are its own and the workers' recv() sees EOF instead of blocking forever.
@@ -38,15 +37,6 @@ class EnvWorkerError(RuntimeError):
 
 class EnvWorkerTimeout(EnvWorkerError):
     pass
-
-
-class _Infos:
-    """Batches per-env info dicts exactly as gymnasium's vector envs do (reusing their _add_info)."""
-
-    _add_info = VectorEnv._add_info
-
-    def __init__(self, num_envs: int):
-        self.num_envs = num_envs
 
 
 def _shared(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -70,33 +60,6 @@ def _limit_threads() -> None:
         sys.modules["torch"].set_num_threads(1)
     if "cv2" in sys.modules:
         sys.modules["cv2"].setNumThreads(0)
-
-
-def _handle(
-    command: str, data: list | None, envs: list[gym.Env], offset: int, b: dict[str, np.ndarray], where: list[int]
-) -> list[dict]:
-    """Run one command on this worker's envs; per-env infos go back through the pipe. `where[0]` tracks the
-    env being worked on, for the error report."""
-    infos = []
-    for i, env in enumerate(envs):
-        where[0] = j = offset + i
-        info: dict = {}
-        if command == "step":
-            obs, b["rewards"][j], b["terminated"][j], b["truncated"][j], info = env.step(b["actions"][j])
-            if b["terminated"][j] or b["truncated"][j]:  # autoreset in the same step, as SAME_STEP does
-                b["final_obs"][j] = obs
-                final = {"final_obs": b["final_obs"][j].copy(), "final_info": info}
-                obs, info = env.reset()
-                info = {**final, **info}
-            b["obs"][j] = obs
-        elif command == "reset":
-            b["obs"][j], info = env.reset(seed=None if data is None else data[i])
-        elif command == "get_state":
-            info = env_state(env)
-        elif command == "set_state":
-            load_env_state(env, data[i])
-        infos.append(info)
-    return infos
 
 
 def _worker(
@@ -125,7 +88,7 @@ def _worker(
                 break  # the rank is gone
             if command == "close":
                 break
-            conn.send(("ok", _handle(command, data, envs, offset, buffers, where)))
+            conn.send(("ok", run_command(command, data, envs, offset, buffers, where)))
     except Exception:
         conn.send(("error", (where[0], traceback.format_exc())))
     finally:
@@ -148,8 +111,8 @@ class WorkerPool:
 
     Gymnasium's vector env interface (reset, step with SAME_STEP autoreset, close, spaces) plus
     send/recv per group for double buffering: with `groups=2` the workers split into two halves that
-    step while the caller computes actions for the other. Returned observations are views into shared
-    memory, valid until that group's next step: copy what you keep.
+    step while the caller computes actions for the other. Observations come back as copies of the shared
+    buffers, which the next step overwrites.
     """
 
     def __init__(
@@ -167,16 +130,8 @@ class WorkerPool:
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.timeout = step_timeout_s
-        n, obs_space = self.num_envs, self.single_observation_space
-        self.buffers = {
-            "obs": _shared((n, *obs_space.shape), obs_space.dtype),
-            "final_obs": _shared((n, *obs_space.shape), obs_space.dtype),
-            "rewards": _shared((n,), np.float64),
-            "terminated": _shared((n,), np.bool_),
-            "truncated": _shared((n,), np.bool_),
-            "actions": _shared((n, *self.single_action_space.shape), self.single_action_space.dtype),
-        }
-        bounds = np.linspace(0, n, num_workers + 1).astype(int)
+        self.buffers = env_buffers(self.num_envs, self.single_observation_space, self.single_action_space, _shared)
+        bounds = np.linspace(0, self.num_envs, num_workers + 1).astype(int)
         self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         cut = np.linspace(0, num_workers, groups + 1).astype(int)
         self.group_workers = [list(range(cut[g], cut[g + 1])) for g in range(groups)]
@@ -224,20 +179,11 @@ class WorkerPool:
             self.conns[w].send((command, None if per_env is None else list(per_env[sl])))
         return [item for w in range(len(self.slices)) for item in self._recv(w, command)]
 
-    @staticmethod
-    def _batch_infos(infos: list[dict]) -> dict:
-        batch = _Infos(len(infos))
-        out: dict = {}
-        for i, info in enumerate(infos):
-            if info:
-                out = batch._add_info(out, info, i)
-        return out
-
     def reset(self, seed: int | Sequence[int] | None = None, options: dict | None = None):
         if isinstance(seed, int):
             seed = [seed + i for i in range(self.num_envs)]
         infos = self._call("reset", seed)
-        return self.buffers["obs"], self._batch_infos(infos)
+        return self.buffers["obs"].copy(), batch_infos(infos)
 
     def send(self, group: int, actions: np.ndarray) -> None:
         """Start stepping the envs of `group` with `actions` (one per env of the group)."""
@@ -245,26 +191,16 @@ class WorkerPool:
         for w in self.group_workers[group]:
             self.conns[w].send(("step", None))
 
-    def _results(self, sl: slice, infos: list[dict]):
-        b = self.buffers
-        return (
-            b["obs"][sl],
-            b["rewards"][sl].copy(),
-            b["terminated"][sl].copy(),
-            b["truncated"][sl].copy(),
-            self._batch_infos(infos),
-        )
-
     def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        """Wait for `group`'s step: (obs view, rewards, terminated, truncated, infos) for its envs."""
+        """Wait for `group`'s step: (obs, rewards, terminated, truncated, infos) for its envs."""
         infos = [item for w in self.group_workers[group] for item in self._recv(w, "step")]
-        return self._results(self.groups[group], infos)
+        return step_results(self.buffers, self.groups[group], infos)
 
     def step(self, actions: np.ndarray):
         for g, sl in enumerate(self.groups):
             self.send(g, actions[sl])
         infos = [item for w in range(len(self.slices)) for item in self._recv(w, "step")]
-        return self._results(slice(0, self.num_envs), infos)
+        return step_results(self.buffers, slice(0, self.num_envs), infos)
 
     def get_env_state(self) -> list:
         return self._call("get_state")

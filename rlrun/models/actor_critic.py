@@ -66,6 +66,14 @@ class ActorCritic(_Heads):
     def value(self, obs: Tensor) -> Tensor:
         return self._heads(obs)[1]
 
+    def fused_params(self) -> list[Tensor] | None:
+        """The parameters in the order PPO's fused loss takes them, or None when it does not apply (it
+        covers separate MLP trunks, not a shared encoder)."""
+        if self.shared:
+            return None
+        head = [self.policy_head.weight, self.policy_head.bias, self.value_head.weight, self.value_head.bias]
+        return self.trunk.layer_params + head + ([] if self.discrete else [self.log_std])
+
     def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
         out, value = self._heads(obs)

