@@ -20,6 +20,7 @@ from rlrun.checkpoint import Checkpointer, NullCheckpointer, load_shard, save_sh
 from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext, parameter_digest
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
+from rlrun.envs.pool import WorkerPool
 from rlrun.evaluation import run_episodes
 from rlrun.logger import NullLogger, RunLogger
 
@@ -154,6 +155,7 @@ def train(
 
 
 def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop) -> dict:
+    threads = torch.get_num_threads()
     torch.manual_seed(cfg.seed + ctx.rank)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     algo = build_algo(
@@ -227,7 +229,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     while iteration < num_iterations:
         if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
             break
+        # While env workers step, acting on more than one thread oversubscribes the cores (the OpenMP threads
+        # wait on each other while workers hold a core): one thread made Breakout's collect 1.1-1.4x faster.
+        torch.set_num_threads(1 if isinstance(envs, WorkerPool) else threads)
         episodes = algo.collect(envs, env_steps / cfg.total_steps)
+        torch.set_num_threads(threads)
         stats = algo.update(progress=env_steps / cfg.total_steps)
         before, env_steps, iteration = env_steps, env_steps + steps_per_iteration, iteration + 1
         episodes_log.add(episodes["episode_returns"], episodes["episode_lengths"])
