@@ -39,8 +39,7 @@ def q_targets(
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- tau * online + (1 - tau) * target (tau = 1: copy)."""
     with torch.no_grad():
-        for t, o in zip(target.parameters(), online.parameters()):
-            t.lerp_(o, tau)
+        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)  # one call for all
 
 
 class DQNLearner(nn.Module):

@@ -5,6 +5,7 @@ tests/test_fast_paths.py."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -95,8 +96,9 @@ class FusedPPOLoss(torch.autograd.Function):
                 clamped.ne(ratio).sum(dtype=torch.float32),
             ]
         )
-        stats = torch.addcmul(torch.tensor([0.0, 0.0, 0.0, -1.0, 0.0]), sums, torch.tensor(_STATS_SCALE) / n)
-        loss = stats[:3] @ torch.tensor([1.0, cfg.vf_coef, -cfg.ent_coef])
+        offset, scale, weights = _constants(x.device, cfg.vf_coef, cfg.ent_coef)
+        stats = torch.addcmul(offset, sums, scale, value=1 / n)
+        loss = stats[:3] @ weights
         ctx.cfg, ctx.relu, ctx.discrete = cfg, relu, discrete
         # The policy term's gradient flows through the ratio where the unclipped surrogate is the smaller one.
         ctx.saved = (x, actions, acts, trunk, head, surrogate * (surrogate <= surrogate_clipped), error)
@@ -130,6 +132,11 @@ class FusedPPOLoss(torch.autograd.Function):
         return None, None, None, None, None, None, None, None, None, *g_trunk, *g_head, *g_log_std
 
 
-# stats = offset + sums * scale / n: policy loss -mean(min surrogate), value loss 0.5 mean(error^2), entropy
-# -mean(sum p log p), approx KL mean(r - log r) - 1, clip fraction mean(r was clipped).
-_STATS_SCALE = [-1.0, 0.5, -1.0, 1.0, 1.0]
+@functools.cache
+def _constants(device: torch.device, vf_coef: float, ent_coef: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(offset, scale, weights): stats = offset + sums * scale / n, that is policy loss -mean(min surrogate),
+    value loss 0.5 mean(error^2), entropy -mean(sum p log p), approx KL mean(r - log r) - 1, clip fraction
+    mean(r was clipped); loss = stats[:3] . weights. Made once: building a tensor costs as much as an op."""
+    offset = torch.tensor([0.0, 0.0, 0.0, -1.0, 0.0], device=device)
+    scale = torch.tensor([-1.0, 0.5, -1.0, 1.0, 1.0], device=device)
+    return offset, scale, torch.tensor([1.0, vf_coef, -ent_coef], device=device)

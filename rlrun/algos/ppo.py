@@ -198,8 +198,8 @@ class PPO:
             r.next_values[t, idx] = self._value(final, idx, starts=torch.zeros_like(idx, dtype=torch.bool))
         if self.recurrent:
             self.starts[envs] = torch.as_tensor(terminated | truncated, device=self.device)
-        ended, returns, lengths = finished_episodes(info, len(reward))
-        if ended.any():
+        if "final_info" in info:  # some episode ended in this step
+            ended, returns, lengths = finished_episodes(info, len(reward))
             episodes.append((returns[ended], lengths[ended]))
         return obs
 
