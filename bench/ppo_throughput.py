@@ -1,5 +1,7 @@
 """rlrun PPO vs Stable-Baselines3 PPO: same envs (rlrun's own env builders), same hyperparameters, same step
 budget and thread count, one after the other in this process. Prints SPS of each, the ratio, final eval.
+Same numbers do not quite mean the same loss: SB3's value clipping (clip_range_vf) keeps only the clipped
+prediction's error where rlrun (as CleanRL) takes the larger of both, and SB3's value loss has no 1/2 factor.
 
     .venv/bin/python bench/ppo_throughput.py [--only cartpole|breakout] [--breakout-steps N]
 """

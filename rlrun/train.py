@@ -20,7 +20,6 @@ from rlrun.checkpoint import Checkpointer, NullCheckpointer, load_shard, save_sh
 from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext, parameter_digest
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
-from rlrun.envs.pool import WorkerPool
 from rlrun.evaluation import run_episodes
 from rlrun.logger import NullLogger, RunLogger
 
@@ -229,9 +228,9 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     while iteration < num_iterations:
         if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
             break
-        # While env workers step, acting on more than one thread oversubscribes the cores (the OpenMP threads
-        # wait on each other while workers hold a core): one thread made Breakout's collect 1.1-1.4x faster.
-        torch.set_num_threads(1 if isinstance(envs, WorkerPool) else threads)
+        # Env workers take cores while the policy acts: acting on the others only, or OpenMP threads wait on
+        # each other behind the workers (2 cores, 2 workers: one thread made Breakout's collect 1.1-1.4x faster).
+        torch.set_num_threads(max(1, threads - envs.num_workers))
         episodes = algo.collect(envs, env_steps / cfg.total_steps)
         torch.set_num_threads(threads)
         stats = algo.update(progress=env_steps / cfg.total_steps)

@@ -39,7 +39,7 @@ def q_targets(
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- tau * online + (1 - tau) * target (tau = 1: copy)."""
     with torch.no_grad():
-        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)  # one call for all
+        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)  # one call, not one per tensor
 
 
 class DQNLearner(nn.Module):

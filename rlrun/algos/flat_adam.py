@@ -15,6 +15,9 @@ from torch import Tensor, nn
 
 
 class FlatAdam:
+    """Build it after the model is on its device and in its dtype; afterwards move nothing (.to() would detach
+    the parameters from the buffer) and zero gradients with zero_grad() here, never model.zero_grad()."""
+
     def __init__(self, params: list[nn.Parameter], lr: float, eps: float, betas: tuple[float, float] = (0.9, 0.999)):
         self.lr, self.eps, self.betas = lr, eps, betas
         self.params = torch.cat([p.detach().reshape(-1) for p in params])

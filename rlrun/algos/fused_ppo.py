@@ -22,7 +22,7 @@ def _activation_backward(g: Tensor, a: Tensor, relu: bool) -> Tensor:
     return torch.ops.aten.threshold_backward(g, a, 0) if relu else torch.ops.aten.tanh_backward(g, a)
 
 
-def heads_forward(features: Tensor, head: list[Tensor]) -> tuple[Tensor, Tensor]:
+def _heads_forward(features: Tensor, head: list[Tensor]) -> tuple[Tensor, Tensor]:
     """(policy head output [B, A], value [B]) from the last trunk activations [2, B, h]."""
     wp, bp, wv, bv = head[:4]
     return torch.addmm(bp, features[0], wp.t()), torch.addmm(bv, features[1], wv.t()).squeeze(-1)
@@ -58,7 +58,7 @@ class FusedPPOLoss(torch.autograd.Function):
         n, n_trunk = len(x), len(params) - (4 if discrete else 5)
         trunk, head = list(params[:n_trunk]), list(params[n_trunk:])
         acts = twin_mlp_forward(x, trunk, relu)
-        out, values = heads_forward(acts[-1], head)
+        out, values = _heads_forward(acts[-1], head)
         if discrete:
             log_p = out.log_softmax(-1)
             p = log_p.exp()

@@ -151,6 +151,8 @@ class PPO:
     def preprocess(self, obs: np.ndarray, update_stats: bool = False) -> Tensor:
         """Observations as the model sees them: a tensor on the device, normalized if configured."""
         x = torch.as_tensor(obs, device=self.device)
+        if x.dtype == torch.float64:  # the networks are float32
+            x = x.float()
         if self.obs_rms is None:
             return x
         if update_stats:
@@ -288,7 +290,8 @@ class PPO:
         replays each env's rollout as it acted."""
         c, r = self.cfg, self.rollout
         if not self.recurrent:
-            # One gather per tensor and epoch; the minibatches are then slices of it.
+            # One gather per tensor and epoch; the minibatches are then slices of it. (The permutation is
+            # minibatch_indices' concatenated, so the RNG stream and the minibatches are what they were.)
             perm = torch.cat(minibatch_indices(self.steps_per_collect, c.num_minibatches))
             shuffled = {k: v.flatten(0, 1)[perm] for k, v in batch.items()}
             size = self.steps_per_collect // c.num_minibatches

@@ -138,6 +138,7 @@ class WorkerPool:
         self.groups = [slice(self.slices[w[0]].start, self.slices[w[-1]].stop) for w in self.group_workers]
         self.conns: list[mp.connection.Connection] = []
         self.procs: list[mp.Process] = []
+        self.num_workers = len(self.slices)
         self.closed = False
         ctx = mp.get_context("fork")  # explicitly: inheritance is the point, whatever the default is
         for w, sl in enumerate(self.slices):

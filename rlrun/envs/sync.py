@@ -69,6 +69,7 @@ class _Infos:
 
 
 def batch_infos(infos: list[dict]) -> dict:
+    """Per-env info dicts as one vector info dict (arrays plus `_key` masks), skipping the empty ones."""
     batch = _Infos(len(infos))
     out: dict = {}
     for i, info in enumerate(infos):
@@ -77,7 +78,7 @@ def batch_infos(infos: list[dict]) -> dict:
     return out
 
 
-def step_results(b: dict[str, np.ndarray], envs: slice, infos: list[dict]):
+def step_results(b: dict[str, np.ndarray], envs: slice, infos: list[dict]) -> tuple:
     """(obs, rewards, terminated, truncated, infos) of the envs in `envs`, as VectorEnv.step returns: copies,
     as the next step overwrites the buffers."""
     return (
@@ -103,6 +104,7 @@ class SyncEnvs:
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.buffers = env_buffers(self.num_envs, self.single_observation_space, self.single_action_space)
         self.groups = [slice(0, self.num_envs)]
+        self.num_workers = 0  # no processes of its own: acting may use every core
         self._infos: list[dict] = []
 
     def _run(self, command: str, data: list | None = None) -> list[dict]:

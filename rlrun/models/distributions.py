@@ -13,8 +13,8 @@ _LOG_2PI = math.log(2 * math.pi)
 
 def categorical_sample(log_p: Tensor) -> Tensor:
     """Sample action indices [B] from normalized log-probabilities [B, A] with the Gumbel-max trick:
-    argmax(log p - log E), E ~ Exp(1), is distributed as p. The same draw as torch.multinomial(p, 1), which
-    does this for one sample, in a third of its time on a batch."""
+    argmax(log p - log E), E ~ Exp(1), is distributed as p. It draws the same noise as torch.multinomial(p, 1),
+    which does this for one sample (so the same actions, up to rounding), in a third of its time on a batch."""
     return (log_p - torch.empty_like(log_p).exponential_().log_()).argmax(-1)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -96,9 +95,10 @@ class NatureCNN(nn.Module):
         # Channels-last frames make a training pass 1.4x faster on CPU (oneDNN's backward kernels); acting,
         # without a backward, gains nothing from them. Scaling to [0, 1] is folded into the first layer's
         # weights: one op on a small tensor instead of one on the whole batch.
-        layout = torch.channels_last if torch.is_grad_enabled() else torch.contiguous_format
+        training_on_cpu = torch.is_grad_enabled() and x.device.type == "cpu"
+        layout = torch.channels_last if training_on_cpu else torch.contiguous_format
         first = self.conv[0]
-        h = F.conv2d(x.to(torch.float32, memory_format=layout), first.weight / 255.0, first.bias, first.stride)
+        h = first._conv_forward(x.to(torch.float32, memory_format=layout), first.weight / 255.0, first.bias)
         return self.fc(self.conv[1:](h))
 
 
