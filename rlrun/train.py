@@ -155,6 +155,9 @@ def train(
 
 def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop) -> dict:
     threads = torch.get_num_threads()
+    # Env workers take cores while the policy acts: acting on the others only, or OpenMP threads wait on each
+    # other behind the workers (2 cores, 2 workers: one thread made Breakout's collect 1.1-1.4x faster).
+    collect_threads = max(1, threads - envs.num_workers)
     torch.manual_seed(cfg.seed + ctx.rank)
     obs_space, action_space = envs.single_observation_space, envs.single_action_space
     algo = build_algo(
@@ -228,9 +231,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     while iteration < num_iterations:
         if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
             break
-        # Env workers take cores while the policy acts: acting on the others only, or OpenMP threads wait on
-        # each other behind the workers (2 cores, 2 workers: one thread made Breakout's collect 1.1-1.4x faster).
-        torch.set_num_threads(max(1, threads - envs.num_workers))
+        torch.set_num_threads(collect_threads)
         episodes = algo.collect(envs, env_steps / cfg.total_steps)
         torch.set_num_threads(threads)
         stats = algo.update(progress=env_steps / cfg.total_steps)

@@ -6,15 +6,13 @@ tests/test_fast_paths.py."""
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from torch import Tensor
 
 from rlrun.config import PPOConfig
+from rlrun.models.distributions import LOG_2PI
 from rlrun.models.encoders import twin_mlp_forward
-
-_LOG_2PI = math.log(2 * math.pi)
 
 
 def _activation_backward(g: Tensor, a: Tensor, relu: bool) -> Tensor:
@@ -70,8 +68,8 @@ class FusedPPOLoss(torch.autograd.Function):
             log_std = head[4]
             inv_std = torch.exp(-log_std)
             z = (actions - out) * inv_std
-            log_prob = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * _LOG_2PI * out.shape[1]
-            neg_entropy_sum = (log_std.sum() + 0.5 * (1.0 + _LOG_2PI) * out.shape[1]) * -n
+            log_prob = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * LOG_2PI * out.shape[1]
+            neg_entropy_sum = (log_std.sum() + 0.5 * (1.0 + LOG_2PI) * out.shape[1]) * -n
             ctx.dist = (z, inv_std)
         log_ratio = log_prob - old_log_probs
         ratio = log_ratio.exp()

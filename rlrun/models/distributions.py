@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-_LOG_2PI = math.log(2 * math.pi)
+LOG_2PI = math.log(2 * math.pi)
 
 
 def categorical_sample(log_p: Tensor) -> Tensor:
@@ -36,8 +36,8 @@ def gaussian_sample(mean: Tensor, log_std: Tensor) -> Tensor:
 def gaussian_log_prob(mean: Tensor, log_std: Tensor, actions: Tensor) -> Tensor:
     """Sum over action dimensions of the diagonal Gaussian log density -> [B]."""
     z = (actions - mean) * torch.exp(-log_std)
-    return (-0.5 * z.square() - log_std - 0.5 * _LOG_2PI).sum(-1)
+    return (-0.5 * z.square() - log_std - 0.5 * LOG_2PI).sum(-1)
 
 
 def gaussian_entropy(mean: Tensor, log_std: Tensor) -> Tensor:
-    return (log_std + 0.5 * (1.0 + _LOG_2PI)).expand_as(mean).sum(-1)
+    return (log_std + 0.5 * (1.0 + LOG_2PI)).expand_as(mean).sum(-1)

@@ -6,14 +6,11 @@ states mean the same; tests/test_fast_paths.py checks both act alike."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from rlrun.models.actor_critic import ActorCritic
-
-_LOG_2PI = math.log(2 * math.pi)
+from rlrun.models.distributions import LOG_2PI
 
 
 class NumpyPolicy:
@@ -46,7 +43,7 @@ class NumpyPolicy:
             return action, log_p[np.arange(len(obs)), action], value
         noise = torch.randn(out.shape).numpy()  # as gaussian_sample: mean + std * N(0, 1)
         action = out + np.exp(self.log_std) * noise
-        log_prob = (-0.5 * np.square(noise) - self.log_std).sum(1) - 0.5 * _LOG_2PI * out.shape[1]
+        log_prob = (-0.5 * np.square(noise) - self.log_std).sum(1) - 0.5 * LOG_2PI * out.shape[1]
         return action, log_prob, value
 
 
