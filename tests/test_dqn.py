@@ -115,10 +115,11 @@ def test_breakout_prioritized_n_step_smoke_then_play(tmp_path):
     assert "mean" in out.stdout
 
 
-# The tuned CartPole settings (conf/tuned/dqn_cartpole.yaml: 50k steps; seeds 1-3 end at 500). With 2 ranks each
+# The tuned CartPole settings (conf/tuned/dqn_cartpole.yaml: 50k steps; seeds 1-3 reach 500 by 35k steps and may
+# fall back later, as DQN on CartPole does, so the best of evals every 5k steps shows learning). With 2 ranks each
 # rank collects 128 steps per iteration (256 over both, as on 1 rank) and draws its share of a global batch of 128
 # for 64 updates: as many samples per env step as on 1 rank in half the updates (each costs collectives).
-LEARN = ["algo=dqn", "seed=1", "eval.every_steps=10000", "eval.episodes=10"]
+LEARN = ["algo=dqn", "seed=1", "eval.every_steps=5000", "eval.episodes=10"]
 LEARN += ["logging.progress=plain", "checkpoint.every_steps=0"]
 TWO_RANKS = ["distributed.nproc_per_node=2", "algo.train_freq=128", "algo.gradient_steps=64"]
 

@@ -1,6 +1,6 @@
 """The fast paths against the plain ones they replace: PPO's fused loss against autograd through PPOLearner,
 FlatAdam against torch.optim.Adam, acting in numpy against ActorCritic.act, SyncEnvs against gymnasium's
-SyncVectorEnv, Gumbel-max sampling against torch.multinomial."""
+SyncVectorEnv, Gumbel-max sampling against torch.multinomial, channels-last rollout frames against indexing."""
 
 import gymnasium as gym
 import numpy as np
@@ -10,6 +10,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlrun.algos.flat_adam import FlatAdam
 from rlrun.algos.ppo import PPOLearner
+from rlrun.buffers.rollout import Rollout, take_rows
 from rlrun.config import EnvConfig, ModelConfig, PPOConfig
 from rlrun.envs import SyncEnvs, make_env
 from rlrun.models import build_actor_critic
@@ -161,3 +162,16 @@ def test_sync_envs_step_as_gymnasium_sync_vector_env():
     assert ended > 10
     ours.close()
     ref.close()
+
+
+def test_rollout_frames_are_channels_last_and_gather_as_indexing_does():
+    r = Rollout(5, 3, (4, 6, 7), torch.uint8, (), torch.long, torch.device("cpu"))
+    r.obs.copy_(torch.randint(0, 255, r.obs.shape, dtype=torch.uint8))
+    frames = r.obs.flatten(0, 1)  # [T * N, C, H, W] as the update reads it: a view, channels-last
+    assert frames.is_contiguous(memory_format=torch.channels_last) and not frames.is_contiguous()
+    perm = torch.randperm(15)
+    taken = take_rows(frames, perm)
+    assert torch.equal(taken, frames[perm])
+    assert taken.is_contiguous(memory_format=torch.channels_last)
+    vectors = torch.randn(15, 3)
+    assert torch.equal(take_rows(vectors, perm), vectors[perm])

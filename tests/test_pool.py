@@ -61,6 +61,17 @@ def test_pool_matches_in_process_vector_env(env_id, steps):
         pool.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policy")
+def test_workers_run_under_sched_batch_so_waking_them_does_not_preempt_the_rank():
+    pool = make_vector_env(pool_cfg(num_workers=2), 4)
+    try:
+        pool.reset(seed=0)  # every worker is in its command loop by now
+        assert [os.sched_getscheduler(p.pid) for p in pool.procs] == [os.SCHED_BATCH] * 2
+        assert os.sched_getscheduler(0) != os.SCHED_BATCH  # the rank keeps its own policy
+    finally:
+        pool.close()
+
+
 def test_double_buffered_collect_keeps_the_rollout_layout():
     """Replaying the recorded actions of a double-buffered rollout in an in-process env reproduces
     every stored observation, reward and flag at its [t, env] place."""

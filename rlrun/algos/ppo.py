@@ -17,7 +17,7 @@ from rlrun.algos.flat_adam import FlatAdam
 from rlrun.algos.fused_ppo import FusedPPOLoss
 from rlrun.algos.normalize import MeanAll, RunningMoments, identity, normalize_advantages
 from rlrun.algos.returns import compute_gae, explained_variance
-from rlrun.buffers.rollout import Rollout, minibatch_indices
+from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
 from rlrun.config import ModelConfig, PPOConfig
 from rlrun.envs import finished_episodes
 from rlrun.models import ActorCritic, RecurrentActorCritic, build_actor_critic
@@ -293,7 +293,7 @@ class PPO:
             # One gather per tensor and epoch; the minibatches are then slices of it. (The permutation is
             # minibatch_indices' concatenated, so the RNG stream and the minibatches are what they were.)
             perm = torch.cat(minibatch_indices(self.steps_per_collect, c.num_minibatches))
-            shuffled = {k: v.flatten(0, 1)[perm] for k, v in batch.items()}
+            shuffled = {k: take_rows(v.flatten(0, 1), perm) for k, v in batch.items()}
             size = self.steps_per_collect // c.num_minibatches
             for start in range(0, self.steps_per_collect, size):
                 yield {k: v[start : start + size] for k, v in shuffled.items()}

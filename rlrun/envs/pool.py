@@ -52,6 +52,14 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
+def _yield_on_wakeup() -> None:
+    """SCHED_BATCH: a worker woken by the rank's step command does not preempt the rank, which goes on to
+    wake the other workers (or to act for the other half) instead of waiting for a core to free up behind the
+    worker it woke. Same CPU share as before; only wakeup preemption changes. (Breakout's collect: 4-7%.)"""
+    if hasattr(os, "SCHED_BATCH"):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
 def _limit_threads() -> None:
     # A forked child inherits a broken intra-op pool from a parent that used one: one thread avoids it,
     # and a worker stepping envs has no use for more.
@@ -75,6 +83,7 @@ def _worker(
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the rank decides
     _limit_threads()
+    _yield_on_wakeup()
     where = [offset]
     envs: list[gym.Env] = []
     try:
