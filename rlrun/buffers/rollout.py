@@ -27,7 +27,8 @@ class Rollout:
             return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=on)
 
         cpu = torch.device("cpu")
-        if len(obs_shape) == 3:  # frames [C, H, W], stored channels-last: see take_rows
+        # Frames [C, H, W] on CPU are stored channels-last, the layout NatureCNN trains on there: see take_rows.
+        if len(obs_shape) == 3 and device.type == "cpu":
             c, h, w = obs_shape
             self.obs = zeros(h, w, c, dtype=obs_dtype).permute(0, 1, 4, 2, 3)
         else:
