@@ -35,6 +35,10 @@ class PPOConfig:
     normalize_reward: bool = False
     clip_obs: float = 10.0  # after normalization
     adam_eps: float = 1e-5
+    # With env.vector.backend=subproc, each env worker acts for its own envs with a copy of the policy, instead
+    # of the rank acting for all of them: on CPU, for feedforward policies without normalize_obs, and unless
+    # env.vector.double_buffer is on. Same algorithm; the runs differ from rank-acting ones only in the samples.
+    act_in_workers: bool = True
 
 
 @dataclass
@@ -76,7 +80,8 @@ class DQNConfig:
 class VectorConfig:
     backend: str = "sync"  # sync: in the rank's process | subproc: forked worker processes
     num_workers: int = 0  # subproc: worker processes (0: one per core, at most num_envs)
-    double_buffer: bool = False  # subproc: half the envs step while the policy acts for the other half
+    # subproc: half the envs step while the rank acts for the other half (for PPO, instead of act_in_workers)
+    double_buffer: bool = False
     step_timeout_s: float = 60.0  # subproc: a worker slower than this is reported, not waited on
 
 

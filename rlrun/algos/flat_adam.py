@@ -14,6 +14,15 @@ import torch
 from torch import Tensor, nn
 
 
+def flat_views(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+    """Consecutive slices of the 1-D `flat`, shaped as `params` are (in their order)."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
+
+
 class FlatAdam:
     """Build it after the model is on its device and in its dtype; afterwards move nothing (.to() would detach
     the parameters from the buffer) and zero gradients with zero_grad() here, never model.zero_grad()."""
@@ -22,12 +31,8 @@ class FlatAdam:
         self.lr, self.eps, self.betas = lr, eps, betas
         self.params = torch.cat([p.detach().reshape(-1) for p in params])
         self.grads = torch.zeros_like(self.params)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.data = self.params[offset : offset + n].view_as(p)
-            p.grad = self.grads[offset : offset + n].view_as(p)
-            offset += n
+        for p, data, grad in zip(params, flat_views(self.params, params), flat_views(self.grads, params)):
+            p.data, p.grad = data, grad
         self.exp_avg = torch.zeros_like(self.params)
         self.exp_avg_sq = torch.zeros_like(self.params)
         self.steps = torch.zeros((), device=self.params.device)  # a tensor, as the kernel takes it

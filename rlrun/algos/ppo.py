@@ -17,6 +17,7 @@ from rlrun.algos.flat_adam import FlatAdam
 from rlrun.algos.fused_ppo import FusedPPOLoss
 from rlrun.algos.normalize import MeanAll, RunningMoments, identity, normalize_advantages
 from rlrun.algos.returns import compute_gae, explained_variance
+from rlrun.algos.worker_acting import WorkerActing, can_act_in_workers
 from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
 from rlrun.config import ModelConfig, PPOConfig
 from rlrun.envs import finished_episodes
@@ -117,6 +118,7 @@ class PPO:
         self.device = device
         self.mean_all = mean_all
         self.num_envs = num_envs
+        self.model_spec = (model_cfg, obs_space, action_space)  # what env workers build their copies from
         self.model = build_actor_critic(model_cfg, obs_space, action_space).to(device)
         self.recurrent = isinstance(self.model, RecurrentActorCritic)
         self.learner: nn.Module = PPOLearner(self.model, cfg, mean_all)
@@ -143,6 +145,7 @@ class PPO:
             self.state = self.model.initial_state(num_envs, device)
             self.starts = torch.ones(num_envs, dtype=torch.bool, device=device)
         self.eval_state: Tensor | None = None  # what act() carries between calls (evaluation, play)
+        self.worker_acting: WorkerActing | None = None  # set up on the first collect from envs whose workers act
 
     @property
     def steps_per_collect(self) -> int:
@@ -218,12 +221,44 @@ class PPO:
         """One rollout of num_steps x num_envs transitions into self.rollout; returns finished episodes.
         (`progress`, the fraction of training done, is for algorithms with exploration schedules.)
 
-        The envs come in groups (one, or two when the worker pool double-buffers): a group steps while the
-        policy acts for the next, and the rollout layout is the same either way.
+        Where the envs' workers can act (worker_acting.py), each runs the rollout of its envs. Otherwise the
+        policy acts here, for the envs in groups (one, or two when the worker pool double-buffers): a group
+        steps while the policy acts for the next. The rollout layout is the same either way.
         """
-        r, groups, episodes = self.rollout, envs.groups, []
+        r = self.rollout
         if self.recurrent:
             r.initial_state.copy_(self.state)
+        episodes = self._collect_in_workers(envs) if self._workers_act(envs) else self._act_and_step(envs)
+        last_value = self._value(self.next_obs, slice(None), self.starts if self.recurrent else None)
+        # Bootstrap from the next step's value except where the episode was truncated (set in _observe).
+        following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
+        r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
+        return {
+            "episode_returns": np.concatenate([e[0] for e in episodes] or [np.zeros(0)]),
+            "episode_lengths": np.concatenate([e[1] for e in episodes] or [np.zeros(0, dtype=np.int64)]),
+        }
+
+    def _workers_act(self, envs) -> bool:
+        if not can_act_in_workers(self.cfg, envs, self.model, self.device):
+            return False
+        if self.worker_acting is None or self.worker_acting.pool is not envs:
+            self.worker_acting = WorkerActing(envs, self.model, self.model_spec, self.rollout)
+        return True
+
+    def _collect_in_workers(self, envs) -> list[tuple[np.ndarray, np.ndarray]]:
+        """collect when the envs' workers act; the (returns, lengths) of the episodes that ended."""
+        r = self.rollout
+        returns, lengths = self.worker_acting.collect(self.optimizer.params, self.next_obs, r)
+        self.next_obs = envs.buffers["obs"].copy()
+        if self.ret_rms is not None:  # step by step, as when acting here
+            done = r.terminated_np | r.truncated_np
+            for t in range(self.cfg.num_steps):
+                r.rewards_np[t] = self._scale_rewards(r.rewards_np[t], done[t], slice(None))
+        return [(returns, lengths)]
+
+    def _act_and_step(self, envs) -> list[tuple[np.ndarray, np.ndarray]]:
+        """collect's loop when the policy acts here; the (returns, lengths) of the episodes that ended."""
+        r, groups, episodes = self.rollout, envs.groups, []
         obs = [self.next_obs[g] for g in groups]
         steps = [{name: [] for name in _STEP_FIELDS} for _ in groups]
         for t in range(self.cfg.num_steps):
@@ -236,14 +271,7 @@ class PPO:
             for name, values in steps[i].items():
                 getattr(r, name)[:, g] = torch.stack(values)
         self.next_obs = np.concatenate(obs)  # the groups' observations, in env order
-        last_value = self._value(self.next_obs, slice(None), self.starts if self.recurrent else None)
-        # Bootstrap from the next step's value except where the episode was truncated (set in _observe).
-        following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
-        r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
-        return {
-            "episode_returns": np.concatenate([e[0] for e in episodes] or [np.zeros(0)]),
-            "episode_lengths": np.concatenate([e[1] for e in episodes] or [np.zeros(0, dtype=np.int64)]),
-        }
+        return episodes
 
     def update(self, progress: float) -> dict[str, float]:
         """Epochs x minibatches of PPO on the last rollout. `progress` in [0, 1) is the fraction of training

@@ -1,5 +1,7 @@
 """A vector env whose envs live in forked worker processes, k per worker. Observations, rewards, flags and
 actions travel through shared memory; only small control messages (and per-step info dicts) cross pipes.
+Beyond stepping, a worker runs jobs on its envs (`run`), such as a whole rollout acted by a copy of the
+policy, over arrays the rank shares with it after the fork (`share`).
 
 Workers are forked, never spawned, so they inherit what the rank set up at runtime (the config, envs
 registered with gym.register, imported plugins). Forking must happen before the rank starts threads (its
@@ -16,8 +18,11 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing import reduction
 
 import gymnasium as gym
 import numpy as np
@@ -44,6 +49,52 @@ def _shared(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     size = int(np.prod(shape)) * dtype.itemsize
     return np.frombuffer(mmap.mmap(-1, max(size, 1)), dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+
+
+def _layout(specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[list, int]:
+    """[(name, shape, dtype, offset)] of arrays packed into one block (64-byte aligned), and its size."""
+    layout, size = [], 0
+    for name, (shape, dtype) in specs.items():
+        layout.append((name, tuple(shape), np.dtype(dtype).str, size))
+        size += -(-max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1) // 64) * 64
+    return layout, max(size, 1)
+
+
+def _map(fd: int, layout: list, size: int) -> dict[str, np.ndarray]:
+    """The arrays of `layout` over the file `fd`, mapped shared: what one process writes, the others read."""
+    block = mmap.mmap(fd, size)
+    return {
+        name: np.frombuffer(block, np.dtype(dtype), int(np.prod(shape)), offset).reshape(shape)
+        for name, shape, dtype, offset in layout
+    }
+
+
+def _shared_file(size: int) -> int:
+    """A descriptor of `size` bytes of memory-backed file (memfd on Linux; elsewhere an unlinked temp file)."""
+    fd = os.memfd_create("rlrun-shared") if hasattr(os, "memfd_create") else os.dup(tempfile.TemporaryFile().fileno())
+    os.ftruncate(fd, size)
+    return fd
+
+
+@dataclass
+class WorkerContext:
+    """What a job run in a worker (WorkerPool.run) works with: its envs (rows `rows` of the buffers), the
+    step buffers, the arrays the rank shared, and `memory` that lasts from one job to the next."""
+
+    index: int
+    envs: list[gym.Env]
+    rows: slice
+    buffers: dict[str, np.ndarray]
+    beats: np.ndarray  # [num_workers] progress counters: the rank times out a job that stops advancing
+    where: list[int]  # the env being worked on, for the error report
+    shared: dict[str, np.ndarray] = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+
+    def step(self) -> list[dict]:
+        """Step this worker's envs with the actions in the step buffers (SAME_STEP autoreset); their infos."""
+        infos = run_command("step", None, self.envs, self.rows.start, self.buffers, self.where)
+        self.beats[self.index] += 1
+        return infos
 
 
 def _die_with_parent() -> None:
@@ -76,6 +127,7 @@ def _worker(
     offset: int,
     conn: mp.connection.Connection,
     buffers: dict[str, np.ndarray],
+    beats: np.ndarray,
 ) -> None:
     for end in list(_PARENT_ENDS):
         end.close()
@@ -84,11 +136,11 @@ def _worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the rank decides
     _limit_threads()
     _yield_on_wakeup()
-    where = [offset]
     envs: list[gym.Env] = []
+    w = WorkerContext(index, envs, slice(offset, offset + len(env_fns)), buffers, beats, [offset])
     try:
         for i, fn in enumerate(env_fns):
-            where[0] = offset + i
+            w.where[0] = offset + i
             envs.append(fn())
         while True:
             try:
@@ -97,9 +149,18 @@ def _worker(
                 break  # the rank is gone
             if command == "close":
                 break
-            conn.send(("ok", run_command(command, data, envs, offset, buffers, where)))
+            if command == "share":
+                fd = reduction.recv_handle(conn)
+                w.shared.update(_map(fd, *data))
+                os.close(fd)
+                conn.send(("ok", None))
+            elif command == "run":
+                job, args = data
+                conn.send(("ok", job(w, *args)))
+            else:
+                conn.send(("ok", run_command(command, data, envs, offset, buffers, w.where)))
     except Exception:
-        conn.send(("error", (where[0], traceback.format_exc())))
+        conn.send(("error", (w.where[0], traceback.format_exc())))
     finally:
         for env in envs:
             try:
@@ -140,6 +201,7 @@ class WorkerPool:
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.timeout = step_timeout_s
         self.buffers = env_buffers(self.num_envs, self.single_observation_space, self.single_action_space, _shared)
+        self.beats = _shared((num_workers,), np.int64)
         bounds = np.linspace(0, self.num_envs, num_workers + 1).astype(int)
         self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         cut = np.linspace(0, num_workers, groups + 1).astype(int)
@@ -155,7 +217,7 @@ class WorkerPool:
             _PARENT_ENDS.add(parent_end)
             proc = ctx.Process(
                 target=_worker,
-                args=(w, env_fns[sl], sl.start, child_end, self.buffers),
+                args=(w, env_fns[sl], sl.start, child_end, self.buffers, self.beats),
                 name=f"rlrun-env-worker-{w}",
                 daemon=True,
             )
@@ -167,7 +229,11 @@ class WorkerPool:
     def _recv(self, w: int, what: str) -> list:
         conn, proc, sl = self.conns[w], self.procs[w], self.slices[w]
         where = f"env worker {w} (pid {proc.pid}, envs {sl.start}-{sl.stop - 1})"
-        ready = mp.connection.wait([conn, proc.sentinel], timeout=self.timeout)
+        while True:  # a job of many steps may take long: what must not exceed the timeout is one step
+            beats = int(self.beats[w])
+            ready = mp.connection.wait([conn, proc.sentinel], timeout=self.timeout)
+            if ready or self.beats[w] == beats:
+                break
         if conn in ready:
             try:
                 status, payload = conn.recv()
@@ -181,7 +247,7 @@ class WorkerPool:
         if ready:
             proc.join(1.0)
             raise EnvWorkerError(f"{where} {_describe_exit(proc.exitcode)} during {what}")
-        raise EnvWorkerTimeout(f"{where} did not finish {what} within {self.timeout:g} s (env.vector.step_timeout_s)")
+        raise EnvWorkerTimeout(f"{where} made no progress in {what} for {self.timeout:g} s (env.vector.step_timeout_s)")
 
     def _call(self, command: str, per_env: Sequence | None = None) -> list:
         """Send a command to every worker (per-env data sliced to each), gather per-env results."""
@@ -211,6 +277,29 @@ class WorkerPool:
             self.send(g, actions[sl])
         infos = [item for w in range(len(self.slices)) for item in self._recv(w, "step")]
         return step_results(self.buffers, slice(0, self.num_envs), infos)
+
+    def share(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
+        """Zeroed arrays {name: (shape, dtype)} in memory shared with every worker, where jobs find them in
+        WorkerContext.shared. The workers are forked already: the memory reaches them as a file descriptor."""
+        layout, size = _layout(specs)
+        fd = _shared_file(size)
+        try:
+            for w, conn in enumerate(self.conns):
+                conn.send(("share", (layout, size)))
+                reduction.send_handle(conn, fd, self.procs[w].pid)
+            for w in range(self.num_workers):
+                self._recv(w, "share")
+            return _map(fd, layout, size)
+        finally:
+            os.close(fd)
+
+    def run(self, job: Callable, *args) -> list:
+        """job(WorkerContext, *args) in every worker at once; their results, in worker order. `job` must be
+        a module-level function (it is pickled by name). A job that steps envs through WorkerContext.step
+        may run as long as it keeps stepping: the timeout applies to each step."""
+        for conn in self.conns:
+            conn.send(("run", (job, args)))
+        return [self._recv(w, getattr(job, "__name__", "job")) for w in range(self.num_workers)]
 
     def get_env_state(self) -> list:
         return self._call("get_state")

@@ -29,13 +29,13 @@ class _Heads(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out))
 
-    def _sample(self, out: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
-        """(action, log-prob) from the policy head's output."""
+    def _sample(self, out: Tensor, deterministic: bool, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(action, log-prob) from the policy head's output; `noise` as the distributions' samplers take it."""
         if self.discrete:
             log_p = torch.log_softmax(out, -1)
-            action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
+            action = out.argmax(-1) if deterministic else D.categorical_sample(log_p, noise)
             return action, D.categorical_log_prob(log_p, action)
-        action = out if deterministic else D.gaussian_sample(out, self.log_std)
+        action = out if deterministic else D.gaussian_sample(out, self.log_std, noise)
         return action, D.gaussian_log_prob(out, self.log_std, action)
 
     def _log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
@@ -74,10 +74,19 @@ class ActorCritic(_Heads):
         head = [self.policy_head.weight, self.policy_head.bias, self.value_head.weight, self.value_head.bias]
         return self.trunk.layer_params + head + ([] if self.discrete else [self.log_std])
 
-    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
+    def act(
+        self, obs: Tensor, deterministic: bool = False, noise: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations. `noise` [B, A or D]:
+        the sampling noise drawn beforehand (sampling_noise), instead of from torch's global RNG now."""
         out, value = self._heads(obs)
-        return *self._sample(out, deterministic), value
+        return *self._sample(out, deterministic, noise), value
+
+    def sampling_noise(self, *batch: int) -> Tensor:
+        """act()'s sampling noise for `batch` observations [*batch, A or D] from torch's global RNG: Exp(1) per
+        action (Gumbel-max) or N(0, 1) per action dimension."""
+        noise = torch.empty(*batch, self.policy_head.out_features)
+        return noise.exponential_() if self.discrete else noise.normal_()
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-prob [B], entropy [B], value [B]) of given actions."""

@@ -11,11 +11,14 @@ from torch import Tensor
 LOG_2PI = math.log(2 * math.pi)
 
 
-def categorical_sample(log_p: Tensor) -> Tensor:
+def categorical_sample(log_p: Tensor, noise: Tensor | None = None) -> Tensor:
     """Sample action indices [B] from normalized log-probabilities [B, A] with the Gumbel-max trick:
     argmax(log p - log E), E ~ Exp(1), is distributed as p. It draws the same noise as torch.multinomial(p, 1),
-    which does this for one sample (so the same actions, up to rounding), in a third of its time on a batch."""
-    return (log_p - torch.empty_like(log_p).exponential_().log_()).argmax(-1)
+    which does this for one sample (so the same actions, up to rounding), in a third of its time on a batch.
+    `noise`: E [B, A] drawn beforehand (by whoever owns the RNG stream), instead of drawing it here."""
+    if noise is None:
+        return (log_p - torch.empty_like(log_p).exponential_().log_()).argmax(-1)
+    return (log_p - noise.log()).argmax(-1)
 
 
 def categorical_log_prob(log_p: Tensor, actions: Tensor) -> Tensor:
@@ -28,9 +31,10 @@ def categorical_entropy(log_p: Tensor) -> Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
-def gaussian_sample(mean: Tensor, log_std: Tensor) -> Tensor:
-    """Diagonal Gaussian sample, mean [B, D], log_std broadcastable to it -> [B, D]."""
-    return mean + log_std.exp() * torch.randn_like(mean)
+def gaussian_sample(mean: Tensor, log_std: Tensor, noise: Tensor | None = None) -> Tensor:
+    """Diagonal Gaussian sample, mean [B, D], log_std broadcastable to it -> [B, D]; `noise`: standard
+    normal [B, D] drawn beforehand, instead of drawing it here."""
+    return mean + log_std.exp() * (torch.randn_like(mean) if noise is None else noise)
 
 
 def gaussian_log_prob(mean: Tensor, log_std: Tensor, actions: Tensor) -> Tensor:
