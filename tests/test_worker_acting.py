@@ -1,6 +1,7 @@
 """PPO's collect acted in the forked env workers (rlrun/algos/worker_acting.py), with real worker processes:
 the rollout holds what the envs did and what the policy gave, with the rank's noise and weights; worker
-failures inside a rollout surface as they do for single steps; runs through the CLI resume exactly."""
+failures inside a rollout surface as they do for single steps; two ranks through the CLI stay in sync and
+resume exactly; the default CartPole run learns with acting workers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rlrun.config import EnvConfig, ModelConfig, PPOConfig, VectorConfig
 from rlrun.envs import make_vector_env
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerPool
 from tests.conftest import rlrun
+from tests.test_distributed import train as train_two_ranks
 from tests.test_pool import Faulty, assert_reaped
 from tests.test_train import assert_same_tensors, final_state, train
 
@@ -146,13 +148,14 @@ def test_a_rollout_longer_than_the_step_timeout_finishes_while_it_progresses():
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_cli_run_with_acting_workers_resumes_exactly(tmp_path):
-    args = ["env.vector.backend=subproc", "env.vector.num_workers=2", "algo.anneal_lr=false", "logging.progress=none"]
-    args += ["eval.every_steps=0", "eval.episodes=2", "checkpoint.every_steps=0"]
-    whole = train(tmp_path, "whole", *args, "total_steps=4096")
-    half = train(tmp_path, "half", *args, "total_steps=2048")
-    out = rlrun("train", f"resume={half}", "total_steps=4096", cwd=tmp_path, timeout=120)
+def test_two_ranks_with_acting_workers_stay_in_sync_and_resume_exactly(tmp_path):
+    args = ["env.vector.backend=subproc", "env.vector.num_workers=2", "algo.anneal_lr=false", "eval.every_steps=0"]
+    whole = train_two_ranks(tmp_path, "whole", *args, "total_steps=8192")
+    half = train_two_ranks(tmp_path, "half", *args, "total_steps=4096")
+    out = rlrun("train", f"resume={half}", "total_steps=8192", cwd=tmp_path, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((half / "summary.json").read_text())
+    assert summary["world_size"] == 2 and len(set(summary["parameter_digests"])) == 1
     assert_same_tensors(final_state(whole)["algo"]["model"], final_state(half)["algo"]["model"])
 
 
