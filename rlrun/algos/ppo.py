@@ -228,7 +228,7 @@ class PPO:
         r = self.rollout
         if self.recurrent:
             r.initial_state.copy_(self.state)
-        episodes = self._collect_in_workers(envs) if self._workers_act(envs) else self._act_and_step(envs)
+        episodes = self._collect_in_workers() if self._workers_act(envs) else self._act_and_step(envs)
         last_value = self._value(self.next_obs, slice(None), self.starts if self.recurrent else None)
         # Bootstrap from the next step's value except where the episode was truncated (set in _observe).
         following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
@@ -245,11 +245,10 @@ class PPO:
             self.worker_acting = WorkerActing(envs, self.model, self.model_spec, self.rollout)
         return True
 
-    def _collect_in_workers(self, envs) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _collect_in_workers(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """collect when the envs' workers act; the (returns, lengths) of the episodes that ended."""
         r = self.rollout
-        returns, lengths = self.worker_acting.collect(self.optimizer.params, self.next_obs, r)
-        self.next_obs = envs.buffers["obs"].copy()
+        self.next_obs, returns, lengths = self.worker_acting.collect(self.optimizer.params, self.next_obs, r)
         if self.ret_rms is not None:  # step by step, as when acting here
             done = r.terminated_np | r.truncated_np
             for t in range(self.cfg.num_steps):

@@ -14,7 +14,7 @@ from torch import Tensor
 from rlrun.algos.flat_adam import flat_views
 from rlrun.buffers.rollout import Rollout
 from rlrun.config import ModelConfig, PPOConfig
-from rlrun.envs.pool import WorkerContext, WorkerPool
+from rlrun.envs.pool import WorkerContext
 from rlrun.models import ActorCritic, build_actor_critic
 
 # What a worker writes per step [T, N], under the Rollout's names; final_values is V(final obs) where truncated.
@@ -23,39 +23,42 @@ _STEPPED = ("rewards", "terminated", "truncated")
 
 
 class WorkerActing:
-    """Rank side: the arrays shared with the workers of `pool`, and rollouts run in them."""
+    """Rank side: the arrays shared with the workers of `pool` (a WorkerPool), and rollouts run in them."""
 
     def __init__(
         self,
-        pool: WorkerPool,
+        pool,
         model: ActorCritic,
         spec: tuple[ModelConfig, gym.Space, gym.Space],
         rollout: Rollout,
     ):
         self.pool, self.model = pool, model
         num_steps, num_envs = rollout.values.shape
-        noise = model.sampling_noise(0)
         specs = {name: _spec(getattr(rollout, name)) for name in _ACTED + _STEPPED}
         specs["final_values"] = ((num_steps, num_envs), np.float32)
-        specs["noise"] = ((num_steps, num_envs, *noise.shape[1:]), np.float32)
+        specs["noise"] = ((num_steps, num_envs, model.noise_size), np.float32)
         specs["weights"] = ((sum(p.numel() for p in model.parameters()),), np.float32)
         self.shared = {name: torch.from_numpy(a) for name, a in pool.share(specs).items()}
-        pool.run(_build_policy, spec)
+        pool.run("building the policy", _build_policy, spec)
 
-    def collect(self, weights: Tensor, next_obs: np.ndarray, rollout: Rollout) -> tuple[np.ndarray, np.ndarray]:
+    def collect(
+        self, weights: Tensor, next_obs: np.ndarray, rollout: Rollout
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One rollout from `next_obs` with the policy's flat `weights` into `rollout` (next_values holds V of
-        the final observation where truncated); the returns and lengths of the episodes that ended."""
+        the final observation where truncated). Returns the observations after it, and the returns and
+        lengths of the episodes that ended, in (step, env) order as the rank's collect lists them."""
         s = self.shared
         s["weights"].copy_(weights)
         num_steps, num_envs = rollout.values.shape
         s["noise"].copy_(self.model.sampling_noise(num_steps, num_envs))
         self.pool.buffers["obs"][:] = next_obs
-        episodes = self.pool.run(_rollout_in_worker, num_steps)
+        episodes = self.pool.run("rollout", _rollout_in_worker, num_steps)
         for name in _ACTED + _STEPPED:
             getattr(rollout, name).copy_(s[name])
         rollout.next_values.copy_(s["final_values"])
-        ended = [e for worker in episodes for e in worker]
-        return np.array([r for r, _ in ended]), np.array([n for _, n in ended], dtype=np.int64)
+        ended = sorted(e for worker in episodes for e in worker)
+        returns, lengths = np.array([e[2] for e in ended]), np.array([e[3] for e in ended], dtype=np.int64)
+        return self.pool.buffers["obs"].copy(), returns, lengths
 
 
 def can_act_in_workers(cfg: PPOConfig, envs, model: torch.nn.Module, device: torch.device) -> bool:
@@ -64,7 +67,7 @@ def can_act_in_workers(cfg: PPOConfig, envs, model: torch.nn.Module, device: tor
     (acting in the rank)."""
     return (
         cfg.act_in_workers
-        and isinstance(envs, WorkerPool)
+        and hasattr(envs, "run")  # the worker pool's jobs
         and len(envs.groups) == 1
         and isinstance(model, ActorCritic)
         and not cfg.normalize_obs
@@ -82,13 +85,15 @@ def _build_policy(w: WorkerContext, spec: tuple) -> None:
 
 
 @torch.inference_mode()
-def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[tuple[float, int]]:
-    """In a worker: act for and step its envs num_steps times, writing rows w.rows of the shared rollout."""
+def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[tuple[int, int, float, int]]:
+    """In a worker: act for and step its envs num_steps times, writing rows w.rows of the shared rollout.
+    Returns (step, env, return, length) of each episode that ended."""
     model = w.memory["policy"]
     s = {name: a[:, w.rows] for name, a in w.shared.items() if name != "weights"}
     b = {name: a[w.rows] for name, a in w.buffers.items()}
     episodes = []
     for t in range(num_steps):
+        w.where[0] = None  # acting: an error here is the policy's, not an env's
         s["obs"][t] = b["obs"]  # in the rollout's dtype (float64 observations become float32)
         action, log_prob, value = model.act(torch.from_numpy(s["obs"][t]), noise=torch.from_numpy(s["noise"][t]))
         b["actions"][:] = s["actions"][t] = action.numpy()
@@ -96,14 +101,15 @@ def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[tuple[float, in
         infos = w.step()
         for name in _STEPPED:
             s[name][t] = b[name]
+        w.where[0] = None
         truncated = np.flatnonzero(b["truncated"])
         if len(truncated):  # bootstrap from the final observation, which the autoreset replaced
             final = torch.from_numpy(b["final_obs"][truncated].astype(s["obs"].dtype, copy=False))
             s["final_values"][t, truncated] = model.value(final).numpy()
-        for info in infos:
+        for i, info in enumerate(infos):
             episode = info.get("final_info", {}).get("episode")
             if episode is not None:  # RecordEpisodeStatistics' whole-game return and length
-                episodes.append((float(episode["r"]), int(episode["l"])))
+                episodes.append((t, w.rows.start + i, float(episode["r"]), int(episode["l"])))
     return episodes
 
 

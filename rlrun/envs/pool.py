@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ class WorkerContext:
     rows: slice
     buffers: dict[str, np.ndarray]
     beats: np.ndarray  # [num_workers] progress counters: the rank times out a job that stops advancing
-    where: list[int]  # the env being worked on, for the error report
+    where: list[int | None]  # the env being worked on (None: none), for the error report
     shared: dict[str, np.ndarray] = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
 
@@ -226,14 +227,34 @@ class WorkerPool:
             self.conns.append(parent_end)
             self.procs.append(proc)
 
+    def _send(self, w: int, message: tuple, fd: int | None = None) -> None:
+        """Send to worker w (and the descriptor `fd` after it). A worker that died meanwhile is reported by the
+        _recv that follows, which names it and how it died; the broken pipe says neither."""
+        try:
+            self.conns[w].send(message)
+            if fd is not None:
+                reduction.send_handle(self.conns[w], fd, self.procs[w].pid)
+        except OSError:
+            pass
+
+    def _wait(self, w: int) -> list:
+        """Wait until worker w answers or dies, or makes no progress (WorkerContext.step) for the timeout."""
+        conn, proc = self.conns[w], self.procs[w]
+        beats, changed = int(self.beats[w]), time.monotonic()
+        while True:  # a job of many steps may take long: what must not exceed the timeout is one step
+            left = changed + self.timeout - time.monotonic()
+            ready = mp.connection.wait([conn, proc.sentinel], timeout=max(0.0, min(left, self.timeout / 4)))
+            if ready:
+                return ready
+            if self.beats[w] != beats:
+                beats, changed = int(self.beats[w]), time.monotonic()
+            elif left <= self.timeout / 4:
+                return []
+
     def _recv(self, w: int, what: str) -> list:
         conn, proc, sl = self.conns[w], self.procs[w], self.slices[w]
         where = f"env worker {w} (pid {proc.pid}, envs {sl.start}-{sl.stop - 1})"
-        while True:  # a job of many steps may take long: what must not exceed the timeout is one step
-            beats = int(self.beats[w])
-            ready = mp.connection.wait([conn, proc.sentinel], timeout=self.timeout)
-            if ready or self.beats[w] == beats:
-                break
+        ready = self._wait(w)
         if conn in ready:
             try:
                 status, payload = conn.recv()
@@ -243,7 +264,8 @@ class WorkerPool:
                 return payload
             if status == "error":
                 env_index, tb = payload
-                raise EnvWorkerError(f"{where} raised in env {env_index} during {what}:\n{tb.rstrip()}")
+                place = "while acting" if env_index is None else f"in env {env_index}"
+                raise EnvWorkerError(f"{where} raised {place} during {what}:\n{tb.rstrip()}")
         if ready:
             proc.join(1.0)
             raise EnvWorkerError(f"{where} {_describe_exit(proc.exitcode)} during {what}")
@@ -252,7 +274,7 @@ class WorkerPool:
     def _call(self, command: str, per_env: Sequence | None = None) -> list:
         """Send a command to every worker (per-env data sliced to each), gather per-env results."""
         for w, sl in enumerate(self.slices):
-            self.conns[w].send((command, None if per_env is None else list(per_env[sl])))
+            self._send(w, (command, None if per_env is None else list(per_env[sl])))
         return [item for w in range(len(self.slices)) for item in self._recv(w, command)]
 
     def reset(self, seed: int | Sequence[int] | None = None, options: dict | None = None):
@@ -265,7 +287,7 @@ class WorkerPool:
         """Start stepping the envs of `group` with `actions` (one per env of the group)."""
         self.buffers["actions"][self.groups[group]] = actions
         for w in self.group_workers[group]:
-            self.conns[w].send(("step", None))
+            self._send(w, ("step", None))
 
     def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Wait for `group`'s step: (obs, rewards, terminated, truncated, infos) for its envs."""
@@ -284,22 +306,22 @@ class WorkerPool:
         layout, size = _layout(specs)
         fd = _shared_file(size)
         try:
-            for w, conn in enumerate(self.conns):
-                conn.send(("share", (layout, size)))
-                reduction.send_handle(conn, fd, self.procs[w].pid)
+            for w in range(self.num_workers):
+                self._send(w, ("share", (layout, size)), fd)
             for w in range(self.num_workers):
                 self._recv(w, "share")
             return _map(fd, layout, size)
         finally:
             os.close(fd)
 
-    def run(self, job: Callable, *args) -> list:
-        """job(WorkerContext, *args) in every worker at once; their results, in worker order. `job` must be
-        a module-level function (it is pickled by name). A job that steps envs through WorkerContext.step
-        may run as long as it keeps stepping: the timeout applies to each step."""
-        for conn in self.conns:
-            conn.send(("run", (job, args)))
-        return [self._recv(w, getattr(job, "__name__", "job")) for w in range(self.num_workers)]
+    def run(self, what: str, job: Callable, *args) -> list:
+        """job(WorkerContext, *args) in every worker at once; their results, in worker order. `what` names
+        the job in errors; `job` must be a module-level function (it is pickled by name). A job that steps
+        envs through WorkerContext.step may run as long as it keeps stepping: the timeout applies to each step.
+        A job that fails outside an env sets WorkerContext.where[0] = None."""
+        for w in range(self.num_workers):
+            self._send(w, ("run", (job, args)))
+        return [self._recv(w, what) for w in range(self.num_workers)]
 
     def get_env_state(self) -> list:
         return self._call("get_state")
@@ -318,8 +340,9 @@ class WorkerPool:
                     conn.send(("close", None))
                 except (BrokenPipeError, OSError):
                     pass
+        deadline = time.monotonic() + 2.0  # one for all: a worker busy with a job is killed, not waited on
         for proc in self.procs:
-            proc.join(2.0)
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join(2.0)

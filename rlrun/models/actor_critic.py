@@ -82,10 +82,14 @@ class ActorCritic(_Heads):
         out, value = self._heads(obs)
         return *self._sample(out, deterministic, noise), value
 
+    @property
+    def noise_size(self) -> int:
+        """Sampling noise per observation: one Exp(1) per action (Gumbel-max) or N(0, 1) per action dimension."""
+        return self.policy_head.out_features
+
     def sampling_noise(self, *batch: int) -> Tensor:
-        """act()'s sampling noise for `batch` observations [*batch, A or D] from torch's global RNG: Exp(1) per
-        action (Gumbel-max) or N(0, 1) per action dimension."""
-        noise = torch.empty(*batch, self.policy_head.out_features)
+        """act()'s sampling noise for `batch` observations [*batch, noise_size], from torch's global RNG."""
+        noise = torch.empty(*batch, self.noise_size)
         return noise.exponential_() if self.discrete else noise.normal_()
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
