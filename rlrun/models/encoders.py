@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -70,7 +71,15 @@ def twin_mlp_forward(x: Tensor, params: list[Tensor], relu: bool) -> list[Tensor
 
 
 def _activate(z: Tensor, relu: bool) -> Tensor:
-    return z.relu_() if relu else z.tanh_()  # in place on a fresh matmul output: autograd allows it
+    """In place on a fresh matmul output (autograd allows it). Outside autograd on CPU, tanh goes through
+    numpy: torch 2.13's CPU tanh took 43 us for 16k floats here, numpy's 7-8 us, and PPO's fused MLP update
+    spent a sixth of its time in it."""
+    if relu:
+        return z.relu_()
+    if z.device.type == "cpu" and not z.requires_grad:
+        np.tanh(z.numpy(), out=z.numpy())
+        return z
+    return z.tanh_()
 
 
 class NatureCNN(nn.Module):
