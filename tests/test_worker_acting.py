@@ -28,13 +28,12 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 SEEDS = [1, 2, 3, 4]
 
 
-def worker_ppo(env: EnvConfig, model: ModelConfig, num_steps: int = 48, **ppo) -> tuple[PPO, WorkerPool]:
-    pool = make_vector_env(env, 4)
-    space = pool.single_observation_space
-    cfg = PPOConfig(num_steps=num_steps, num_minibatches=2, **ppo)
-    algo = PPO(cfg, model, space, pool.single_action_space, 4, torch.device("cpu"))
-    algo.next_obs, _ = pool.reset(seed=SEEDS)
-    return algo, pool
+def ppo_on(pool, model: ModelConfig | None = None, seed=0, num_steps: int = 16, **ppo) -> PPO:
+    """PPO (the default MLP unless `model`) for the envs of `pool`, starting from their reset with `seed`."""
+    space, cpu, model = pool.single_observation_space, torch.device("cpu"), model or ModelConfig()
+    algo = PPO(PPOConfig(num_steps=num_steps, **ppo), model, space, pool.single_action_space, pool.num_envs, cpu)
+    algo.next_obs, _ = pool.reset(seed=seed)
+    return algo
 
 
 class RewardScale:
@@ -97,7 +96,8 @@ def limited(env: EnvConfig, **vector) -> EnvConfig:
 @pytest.mark.parametrize("case", CASES)
 def test_workers_act_with_the_ranks_noise_and_current_weights(case):
     env, model, num_steps, ppo = CASES[case]
-    algo, pool = worker_ppo(limited(env, backend="subproc", num_workers=2), model, num_steps, **ppo)
+    pool = make_vector_env(limited(env, backend="subproc", num_workers=2), 4)
+    algo = ppo_on(pool, model, SEEDS, num_steps, num_minibatches=2, **ppo)
     replay = make_vector_env(limited(env), 4)
     obs, _ = replay.reset(seed=SEEDS)
     scale = RewardScale(algo.cfg) if algo.cfg.normalize_reward else None
@@ -123,7 +123,8 @@ def test_workers_act_with_the_ranks_noise_and_current_weights(case):
 @pytest.mark.parametrize("change", [{"act_in_workers": False}, {"normalize_obs": True}])
 def test_rank_acts_when_told_or_when_it_normalizes_observations(change):
     env = limited(EnvConfig(id="CartPole-v1"), backend="subproc", num_workers=2)
-    algo, pool = worker_ppo(env, ModelConfig(), **change)
+    pool = make_vector_env(env, 4)
+    algo = ppo_on(pool, seed=SEEDS, num_steps=48, num_minibatches=2, **change)
     replay = make_vector_env(limited(EnvConfig(id="CartPole-v1")), 4)
     obs, _ = replay.reset(seed=SEEDS)
     try:
@@ -137,18 +138,11 @@ def test_rank_acts_when_told_or_when_it_normalizes_observations(change):
         assert_reaped(pool)
 
 
-def pool_ppo(env_fns: list, timeout: float, num_steps: int = 16) -> tuple[PPO, WorkerPool]:
-    pool = WorkerPool(env_fns, 2, timeout)
-    space, n = pool.single_observation_space, len(env_fns)
-    algo = PPO(PPOConfig(num_steps=num_steps), ModelConfig(), space, pool.single_action_space, n, torch.device("cpu"))
-    algo.next_obs, _ = pool.reset(seed=0)
-    return algo, pool
-
-
 @pytest.mark.parametrize("mode", ["raise", "hang", "segfault"])
 def test_env_failing_in_a_worker_rollout_names_worker_and_cause_promptly(mode):
     timeout = 0.5 if mode == "hang" else 10.0
-    algo, pool = pool_ppo([(lambda i=i: Faulty(mode if i == 3 else "ok")) for i in range(4)], timeout)
+    pool = WorkerPool([(lambda i=i: Faulty(mode if i == 3 else "ok")) for i in range(4)], 2, timeout)
+    algo = ppo_on(pool)
     start = time.monotonic()
     with pytest.raises(EnvWorkerError) as info:
         algo.collect(pool)
@@ -178,7 +172,8 @@ class Slow(gym.Env):
 
 
 def test_a_rollout_longer_than_the_step_timeout_finishes_while_it_progresses():
-    algo, pool = pool_ppo([Slow, Slow], timeout=1.0, num_steps=25)
+    pool = WorkerPool([Slow, Slow], 2, step_timeout_s=1.0)
+    algo = ppo_on(pool, num_steps=25)
     try:
         start = time.monotonic()
         algo.collect(pool)

@@ -334,12 +334,9 @@ class WorkerPool:
         if self.closed:
             return
         self.closed = True
-        for conn, proc in zip(self.conns, self.procs):
+        for w, proc in enumerate(self.procs):
             if proc.is_alive():
-                try:
-                    conn.send(("close", None))
-                except (BrokenPipeError, OSError):
-                    pass
+                self._send(w, ("close", None))
         deadline = time.monotonic() + 2.0  # one for all: a worker busy with a job is killed, not waited on
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
