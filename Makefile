@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # A plain `torch` would pull a multi-GB CUDA build; the pinned CPU wheel is what runs here and in CI.
 TORCH  := torch==2.13.0
 
-.PHONY: install train test test-fast bench lint clean
+.PHONY: install train test test-fast bench gpu-check lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,10 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PIP) -e '.[atari,video,sweep,report,dev,bench]'
 	OMP_NUM_THREADS=1 $(PY) bench/ppo_throughput.py
+
+# On a machine with CUDA: a short GPU run of each algorithm, 1 and 2 ranks, with an exact-resume check.
+gpu-check: $(STAMP)
+	$(PY) bench/gpu_check.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlrun tests bench

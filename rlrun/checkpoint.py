@@ -49,6 +49,12 @@ def _save_atomic(obj: dict, path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    # The rename lives in the directory: without syncing it, a power loss can undo it.
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _shard_path(directory: Path, env_steps: int, rank: int) -> Path:
@@ -97,6 +103,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
             return found[-1]
         raise UserError(f"no checkpoint in {p} (expected {p}/checkpoints/{_PREFIX}*.pt)")
     raise UserError(f"checkpoint not found: {p} (give a checkpoint file or a run folder)")
+
+
+def is_newest(checkpoint: Path) -> bool:
+    """Whether no checkpoint of a later step lies beside `checkpoint`."""
+    found = list_checkpoints(checkpoint.parent)
+    return not found or found[-1].name <= checkpoint.name
 
 
 def run_dir_of(checkpoint: Path) -> Path | None:

@@ -319,8 +319,10 @@ def _preflight_train(typed: TrainConfig, overrides: list[str], args: list[str]) 
 
 
 def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
-    """Resuming continues in the checkpoint's run folder and keeps that folder's .hydra/ as it was."""
-    from rlrun.checkpoint import resolve_checkpoint, run_dir_of
+    """Resuming from a run's newest checkpoint continues in its run folder and keeps that folder's .hydra/ as it
+    was. Resuming from an older one starts a new run folder (which records where it came from): continuing in
+    the old one would leave the abandoned later checkpoints there, which outrank the new ones by step."""
+    from rlrun.checkpoint import is_newest, resolve_checkpoint, run_dir_of
 
     resume = [o for o in OverridesParser.create().parse_overrides(overrides) if o.key_or_group == "resume"]
     if not resume or resume[0].value() is None:
@@ -328,7 +330,7 @@ def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
     path = resolve_checkpoint(resume[0].value())
     resumed_config(str(path), overrides)  # a bad checkpoint or override fails here, before any run folder
     run_dir = run_dir_of(path)
-    if run_dir is None or any(a.startswith("hydra.run.dir=") for a in args):
+    if run_dir is None or not is_newest(path) or any(a.startswith("hydra.run.dir=") for a in args):
         return args
     return [*args, f"hydra.run.dir='{run_dir}'", "hydra.output_subdir=null"]
 
@@ -361,7 +363,10 @@ def _report(args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:  # a usage error, as git and argparse treat a missing command
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
+    if argv[0] in ("-h", "--help"):
         print(USAGE)
         return
     command, args = argv[0], argv[1:]

@@ -73,6 +73,9 @@ class DQNConfig:
     exploration_fraction: float = 0.1  # of total_steps, over which epsilon decays linearly
     max_grad_norm: float = 10.0
     adam_eps: float = 1e-8
+    # mse (CleanRL's dqn.py and dqn_atari.py) | huber (SB3; Atari with clipped rewards): Huber diverges on
+    # unclipped rewards such as CartPole's
+    loss: str = "mse"
     replay: ReplayConfig = field(default_factory=ReplayConfig)
 
 
@@ -102,7 +105,7 @@ class AtariConfig:
 class EnvConfig:
     id: str = "CartPole-v1"
     num_envs: int = 8  # per rank
-    max_episode_steps: int | None = None
+    max_episode_steps: int | None = None  # truncate episodes after this many agent steps (None: the env's own)
     kwargs: dict[str, Any] = field(default_factory=dict)
     atari: AtariConfig | None = None  # set for ALE games; ids starting with ALE/ get the defaults
     imports: list[str] = field(default_factory=list)  # modules that register your own envs (gym.register)
@@ -316,14 +319,17 @@ def _validate_dqn(a: DQNConfig, num_envs: int, total_steps: int, world_size: int
         _check(0 <= getattr(a, key) <= 1, f"algo.{key}={getattr(a, key)}: must be in [0, 1]")
     _check(0 < a.exploration_fraction <= 1, f"algo.exploration_fraction={a.exploration_fraction}: must be in (0, 1]")
     _check(a.max_grad_norm > 0, f"algo.max_grad_norm={a.max_grad_norm}: must be > 0")
+    _check(a.loss in ("mse", "huber"), f"algo.loss={a.loss}: accepted are mse, huber")
     r = a.replay
     _check(r.alpha > 0, f"algo.replay.alpha={r.alpha}: must be > 0")
     _check(0 <= r.beta_start <= 1, f"algo.replay.beta_start={r.beta_start}: must be in [0, 1]")
     _check(r.priority_eps > 0, f"algo.replay.priority_eps={r.priority_eps}: must be > 0")
-    least = num_envs * (a.n_step + 8)  # room for n-step windows and frame look-back
+    _check(a.buffer_size >= 1, f"algo.buffer_size={a.buffer_size}: must be >= 1")
+    ranks = f" x {world_size} ranks" if world_size > 1 else ""
     _check(
-        a.buffer_size >= least,
-        f"algo.buffer_size={a.buffer_size}: must be >= env.num_envs x (algo.n_step + 8) = {least}",
+        a.learning_starts <= a.buffer_size * world_size,
+        f"algo.learning_starts={a.learning_starts} exceeds what the replay can hold (algo.buffer_size{ranks} = "
+        f"{a.buffer_size * world_size}): updates would never start",
     )
     iteration = a.train_freq * num_envs * world_size
     _check(

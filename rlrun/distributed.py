@@ -22,6 +22,23 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
+# Messages a rank raises only because another rank died first; never the root cause.
+PEER_LOSS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "DistBackendError",
+    "Broken pipe",
+    "ProcessGroupGloo",
+    "Socket Timeout",
+    "SignalException",
+)
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """Whether `error` is a collective failing because a peer rank is gone."""
+    return isinstance(error, dist.DistBackendError) or any(p in str(error) for p in PEER_LOSS)
+
+
 def launched_externally() -> bool:
     """Started as one rank of a torchrun (or other elastic) job rather than by rlrun's own launcher."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ

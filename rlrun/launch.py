@@ -15,19 +15,9 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
 from rlrun.config import TrainConfig, from_yaml
+from rlrun.distributed import PEER_LOSS
 
 log = logging.getLogger("rlrun")
-
-# Messages a rank raises only because another rank died first; never the root cause.
-_PEER_LOSS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "DistBackendError",
-    "Broken pipe",
-    "ProcessGroupGloo",
-    "Socket Timeout",
-    "SignalException",
-)
 
 
 def launch(cfg: TrainConfig, run_dir: Path, config_yaml: str, resume: str | None, overrides: list[str]) -> dict | None:
@@ -75,7 +65,7 @@ def root_cause(error: ChildFailedError) -> str:
         if isinstance(data, dict):
             trace = data.get("extraInfo", {}).get("py_callstack", data.get("message", ""))
             stamp = int(data.get("extraInfo", {}).get("timestamp", 0))
-            peer_loss = any(p in data.get("message", "") for p in _PEER_LOSS)
+            peer_loss = any(p in data.get("message", "") for p in PEER_LOSS)
             candidates.append((peer_loss, stamp, rank - first.local_rank + int(path.parent.name), trace))
     if not candidates:
         code = first.exitcode

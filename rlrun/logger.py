@@ -20,9 +20,21 @@ TIMING_KEYS = ("charts/sps",)
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, total_steps: int, start_steps: int, progress: str, tensorboard: bool):
+    def __init__(
+        self,
+        run_dir: Path,
+        total_steps: int,
+        start_steps: int,
+        progress: str,
+        tensorboard: bool,
+        history: Path | None = None,
+    ):
+        """`history`: the metrics.jsonl of the run this one continues in another folder (its lines up to
+        start_steps open this run's file, so it reads as one run)."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        if history is not None and history.exists():
+            self.metrics_path.write_text(history.read_text())
         _truncate_after(self.metrics_path, start_steps)
         self.writer = None
         if tensorboard:
@@ -80,6 +92,9 @@ class RunLogger:
         if self.mode != "none":
             log.info(message, *args)
 
+    def error(self, message: str, *args: object) -> None:
+        log.error(message, *args)  # also with progress=none: a failure must be told
+
     def summary(self, summary: dict) -> None:
         with open(self.run_dir / "summary.json", "w") as f:
             json.dump(summary, f, indent=2)
@@ -99,6 +114,7 @@ class NullLogger:
     def progress(self, *args: object) -> None: ...
     def log(self, *args: object) -> None: ...
     def info(self, *args: object) -> None: ...
+    def error(self, *args: object) -> None: ...
     def summary(self, *args: object) -> None: ...
     def close(self) -> None: ...
 

@@ -9,16 +9,18 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from rlrun.algos import build_algo
 from rlrun.buffers.replay import Shards
-from rlrun.checkpoint import Checkpointer, NullCheckpointer, load_shard, save_shard
+from rlrun.checkpoint import Checkpointer, NullCheckpointer, list_checkpoints, load_shard, run_dir_of, save_shard
 from rlrun.config import ModelConfig, TrainConfig, convolutional
-from rlrun.distributed import RankContext, parameter_digest
+from rlrun.distributed import RankContext, is_peer_loss, parameter_digest
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
 from rlrun.evaluation import run_episodes
 from rlrun.logger import NullLogger, RunLogger
@@ -78,6 +80,23 @@ def auto_threads(model: ModelConfig, local_ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_ranks) if convolutional(model) else 1
 
 
+def rng_devices(device: torch.device) -> list[torch.device]:
+    """The accelerator generators besides the CPU's that this rank draws from (PPO samples on its device)."""
+    return [device] if device.type == "cuda" else []
+
+
+def rng_state(device: torch.device) -> dict:
+    """This rank's generator states: the CPU's, and its device's (a resumed GPU run must not replay its noise)."""
+    return {"rng": torch.get_rng_state(), "device_rng": [torch.cuda.get_rng_state(d) for d in rng_devices(device)]}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["rng"])
+    saved = state.get("device_rng", [])  # checkpoints of CPU runs have none; a CPU run ignores a GPU run's
+    for d, s in zip(rng_devices(device), saved):
+        torch.cuda.set_rng_state(s, d)
+
+
 def crossed(before: int, after: int, every: int) -> bool:
     """Whether a multiple of `every` lies in (before, after]; never for every == 0."""
     return every > 0 and after // every > before // every
@@ -96,7 +115,7 @@ def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episod
     ranks = state["ranks"]
     mine = ranks[ctx.rank] if len(ranks) == ctx.world_size else None
     if mine:
-        torch.set_rng_state(mine["rng"])
+        set_rng_state(mine, ctx.device)
     else:
         torch.manual_seed(cfg.seed + ctx.rank + 1000 * state["iteration"])
     if mine:
@@ -143,6 +162,8 @@ def train(
     except Exception as e:
         if ctx.is_main:  # a sweep's report reads why this run failed
             failed = {"status": "failed", "error": f"{type(e).__name__}: {e}", "overrides": list(overrides)}
+            if list_checkpoints(run_dir / "checkpoints"):
+                failed["resume"] = f"rlrun train resume={run_dir}"
             (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
         raise
     finally:
@@ -183,18 +204,14 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     if resume_state is not None:
         env_steps, iteration = resume_state["env_steps"], resume_state["iteration"]
         _restore(resume_state, cfg, ctx, algo, envs, episodes_log)
-    logger = (
-        RunLogger(run_dir, cfg.total_steps, env_steps, cfg.logging.progress, cfg.logging.tensorboard)
-        if ctx.is_main
-        else NullLogger()
-    )
+    logger = _logger(cfg, ctx, run_dir, env_steps, resume_state)
     checkpointer = (
         Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
 
     def evaluate() -> np.ndarray:
         # Main rank only, and no collective inside. It draws nothing from the training RNG stream.
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=rng_devices(ctx.device)):
             seeds = env_seeds(cfg.seed, 0, eval_envs.num_envs, stream=1)
             act = lambda o, starts: algo.act(o, cfg.eval.deterministic, starts)  # noqa: E731
             return run_episodes(eval_envs, act, cfg.eval.episodes, seeds)[0]
@@ -205,7 +222,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         # gather below waits for all of them, so a checkpoint on disk always has its shards.
         _save_shard(algo, run_dir / "checkpoints", env_steps, ctx.rank, cfg.checkpoint.keep_last)
         own = {
-            "rng": torch.get_rng_state(),
+            **rng_state(ctx.device),
             "envs": _env_state(envs),
             "cursor": algo.cursor_state(),
             "episodes": [list(e) for e in episodes_log.pending],
@@ -228,44 +245,48 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     start_time, start_steps = time.perf_counter(), env_steps
     recent: deque[float] = deque(maxlen=100)
     eval_returns = None
-    while iteration < num_iterations:
-        if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
-            break
-        torch.set_num_threads(collect_threads)
-        episodes = algo.collect(envs, env_steps / cfg.total_steps)
-        torch.set_num_threads(threads)
-        stats = algo.update(progress=env_steps / cfg.total_steps)
-        before, env_steps, iteration = env_steps, env_steps + steps_per_iteration, iteration + 1
-        episodes_log.add(episodes["episode_returns"], episodes["episode_lengths"])
-        recent.extend(episodes["episode_returns"].tolist())
-        sps = (env_steps - start_steps) / (time.perf_counter() - start_time)
-        logger.progress(env_steps, sps, float(np.mean(recent)) if recent else None)
-        last = iteration == num_iterations
-        eval_now = crossed(before, env_steps, cfg.eval.every_steps) and not last
-        if crossed(before, env_steps, cfg.logging.every_steps) or eval_now:
-            metrics = _update_metrics(stats) | {
-                "charts/iteration": iteration,
-                "charts/sps": sps,
-                **episodes_log.metrics(),
-            }
-            if eval_now and ctx.is_main:
-                eval_returns = evaluate()
-                metrics |= _eval_metrics(eval_returns)
-                logger.info(
-                    "eval at %d env steps: return %.2f +- %.2f", env_steps, eval_returns.mean(), eval_returns.std()
-                )
-            logger.log(env_steps, metrics)
-        if crossed(before, env_steps, cfg.checkpoint.every_steps) and not last:
-            save()
-
-    loop_seconds = time.perf_counter() - start_time
-    interrupted = stop.signum is not None
-    final_metrics = episodes_log.metrics()
-    if ctx.is_main and not interrupted:
-        eval_returns = evaluate()
-        final_metrics |= _eval_metrics(eval_returns)
+    recovery = Recovery(checkpointer, config_yaml, run_dir, logger, iteration, env_steps if resume_state else None)
+    try:
+        while iteration < num_iterations:
+            if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
+                break
+            torch.set_num_threads(collect_threads)
+            episodes = algo.collect(envs, env_steps / cfg.total_steps)
+            torch.set_num_threads(threads)
+            _check_alive(eval_envs)
+            recovery.updating = True
+            stats = algo.update(progress=env_steps / cfg.total_steps)
+            recovery.updating = False
+            before, env_steps, iteration = env_steps, env_steps + steps_per_iteration, iteration + 1
+            episodes_log.add(episodes["episode_returns"], episodes["episode_lengths"])
+            recent.extend(episodes["episode_returns"].tolist())
+            sps = (env_steps - start_steps) / (time.perf_counter() - start_time)
+            logger.progress(env_steps, sps, float(np.mean(recent)) if recent else None)
+            last = iteration == num_iterations
+            eval_now = crossed(before, env_steps, cfg.eval.every_steps) and not last
+            if crossed(before, env_steps, cfg.logging.every_steps) or eval_now:
+                metrics = update_metrics(stats, ctx.mean_all) | {
+                    "charts/iteration": iteration,
+                    "charts/sps": sps,
+                    **episodes_log.metrics(),
+                }
+                evaluated = _log_interval(logger, env_steps, metrics, evaluate if eval_now and ctx.is_main else None)
+                eval_returns = eval_returns if evaluated is None else evaluated
+            if crossed(before, env_steps, cfg.checkpoint.every_steps) and not last:
+                save()
+                recovery.saved_at = env_steps
+        loop_seconds = time.perf_counter() - start_time
+        interrupted = stop.signum is not None
+        final = save()  # before the final evaluation, which may fail
+        recovery.saved_at = env_steps
+        final_metrics = episodes_log.metrics()
+        if ctx.is_main and not interrupted:
+            eval_returns = evaluate()
+            final_metrics |= _eval_metrics(eval_returns)
+    except Exception as e:
+        recovery.write(e, algo, iteration, env_steps)
+        raise
     logger.log(env_steps, final_metrics)
-    final = save()
     summary = {
         "status": "interrupted" if interrupted else "completed",
         "signal": stop.signum,
@@ -279,6 +300,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         **_eval_summary(eval_returns),
         "final_checkpoint": str(final) if final else None,
         "overrides": list(overrides),
+        "resumed_from": resume_state["path"] if resume_state else None,
         "world_size": ctx.world_size,
         "threads": torch.get_num_threads(),
         "episodes": episodes_log.total,
@@ -300,10 +322,72 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
     return summary
 
 
-def _update_metrics(stats: dict) -> dict:
-    """An update's stats as logged: algorithms name their charts ("charts/epsilon"); bare names are losses."""
-    metrics = {k if "/" in k else f"losses/{k}": v for k, v in stats.items() if k not in ("learning_rate", "epochs")}
-    return metrics | {"charts/learning_rate": stats["learning_rate"]}
+class Recovery:
+    """When a run fails, a checkpoint of its learner as it stood at the last iteration boundary (main rank), so
+    nothing trained is lost, and the line that continues the run. It holds no rank's RNG, env or cursor state
+    (the envs may be what broke): the run resumes on fresh episodes, as a resume to another world size does. It
+    uses no collective, since a peer may be gone. Not written when the failure came from inside an update (a bug
+    there may have left the parameters broken) unless a peer was lost, nor when nothing was trained since the
+    last checkpoint."""
+
+    def __init__(self, checkpointer, config_yaml: str, run_dir: Path, logger, iteration: int, saved_at: int | None):
+        self.checkpointer, self.config_yaml, self.run_dir, self.logger = checkpointer, config_yaml, run_dir, logger
+        self.start_iteration, self.saved_at = iteration, saved_at
+        self.updating = False
+
+    def write(self, error: Exception, algo, iteration: int, env_steps: int) -> None:
+        whole = not self.updating or is_peer_loss(error)
+        if whole and iteration > self.start_iteration and self.saved_at != env_steps:
+            state = {"config": self.config_yaml, "iteration": iteration, "algo": algo.state_dict(), "ranks": []}
+            path = self.checkpointer.save(state | {"recovery": True}, env_steps)
+            if path is not None:
+                self.saved_at = env_steps
+                self.logger.error("recovery checkpoint at %d env steps: %s", env_steps, path)
+        if self.saved_at is not None:
+            self.logger.error("continue this run with: rlrun train resume=%s", self.run_dir)
+
+
+def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, resume_state: dict | None):
+    """The main rank's RunLogger (the others' NullLogger). A run resumed from an older checkpoint of another run
+    folder starts its metrics.jsonl with that run's lines up to the checkpoint, and says where it came from."""
+    if not ctx.is_main:
+        return NullLogger()
+    origin = run_dir_of(Path(resume_state["path"])) if resume_state else None
+    moved = origin is not None and origin.resolve() != run_dir.resolve()
+    c = cfg.logging
+    history = origin / "metrics.jsonl" if moved else None
+    logger = RunLogger(run_dir, cfg.total_steps, env_steps, c.progress, c.tensorboard, history=history)
+    if moved:
+        logger.info("resumed from %s, not the newest checkpoint of its run: this run goes on in %s", origin, run_dir)
+    return logger
+
+
+def _log_interval(logger, env_steps: int, metrics: dict, evaluate: Callable | None) -> np.ndarray | None:
+    """Log one interval's metrics, after an evaluation when given one; returns its returns."""
+    returns = evaluate() if evaluate is not None else None
+    if returns is not None:
+        metrics |= _eval_metrics(returns)
+        logger.info("eval at %d env steps: return %.2f +- %.2f", env_steps, returns.mean(), returns.std())
+    logger.log(env_steps, metrics)
+    return returns
+
+
+def _check_alive(eval_envs) -> None:
+    """A dead eval worker is reported at the iteration it died in, not when evaluation next runs (maybe hours
+    later); only the main rank has eval envs."""
+    if eval_envs is not None:
+        eval_envs.check_alive()
+
+
+def update_metrics(stats: dict, mean_all: Callable[[Tensor], Tensor]) -> dict:
+    """An update's stats as logged: each the mean over ranks (a collective: every rank calls it at the same
+    iterations), algorithms name their charts ("charts/epsilon"); bare names are losses."""
+    names = [k for k in stats if k != "epochs"]
+    means = mean_all(torch.tensor([float(stats[k]) for k in names], dtype=torch.float64)).tolist()
+    return {_METRIC_NAMES.get(k, k if "/" in k else f"losses/{k}"): v for k, v in zip(names, means)}
+
+
+_METRIC_NAMES = {"learning_rate": "charts/learning_rate"}
 
 
 def _save_shard(algo, directory: Path, env_steps: int, rank: int, keep_last: int) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from rlrun.checkpoint import Checkpointer, load_checkpoint, resolve_checkpoint
 from rlrun.config import AtariConfig, EnvConfig
-from rlrun.envs import make_vector_env
+from rlrun.envs import make_env, make_vector_env
 from rlrun.errors import UserError
 
 
@@ -122,3 +122,25 @@ def test_resolve_checkpoint_prefers_newest(tmp_path):
     for step in (5, 50, 500):
         ck.save({}, step)
     assert resolve_checkpoint(tmp_path).name == "ckpt_000000000500.pt"
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_atari_max_episode_steps_counts_agent_steps(train):
+    cfg = EnvConfig(id="ALE/Breakout-v5", max_episode_steps=50)
+    env = make_env(cfg, train=train)()
+    try:
+        env.reset(seed=3)
+        env.action_space.seed(3)
+        steps, truncated, info = 0, False, {}
+        while not truncated:  # life losses end training episodes (terminated) but not the game
+            _, _, terminated, truncated, info = env.step(env.action_space.sample())
+            steps += 1
+            if terminated and not train:
+                break
+            if terminated:
+                env.reset()
+        # 50 agent steps, of which the caller made all but the FIRE after reset (and the no-op and FIRE
+        # after each lost life, in training); 50 emulator frames would have been 12 agent steps.
+        assert truncated and 40 <= steps < 50 and info["episode"]["l"] == 50
+    finally:
+        env.close()

@@ -98,6 +98,12 @@ def test_bad_checkpoints_get_one_line(tmp_path, command, kind, message):
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+def test_no_command_is_a_usage_error(tmp_path):
+    out = rlrun(cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("usage: rlrun <command>") and "train" in out.stderr
+
+
 def test_play_without_checkpoint_and_unknown_command(tmp_path):
     out = rlrun("play", cwd=tmp_path)
     assert out.returncode == 2 and "missing value for 'checkpoint'" in out.stderr

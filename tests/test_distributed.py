@@ -20,6 +20,7 @@ import torch
 from rlrun.algos.ppo import PPO
 from rlrun.config import ModelConfig, PPOConfig
 from rlrun.distributed import RankContext
+from rlrun.train import update_metrics
 from tests.conftest import cli_env, free_port, on_gloo_ranks, read_jsonl, rlrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -29,9 +30,10 @@ TWO = ["distributed.nproc_per_node=2", "logging.progress=plain", "eval.episodes=
 MODELS = {"mlp": ModelConfig(), "lstm": ModelConfig(name="lstm", hidden_sizes=[16], shared=True, core_size=8)}
 
 
-def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor], tuple]:
+def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor], tuple, dict]:
     """One PPO update (2 epochs of one minibatch) on this rank's columns of a fixed 8 x 4 rollout; returns the
-    parameters after it and the update shape. A recurrent model's columns are whole env sequences, with their
+    parameters after it, the update shape and the update's metrics as the training loop logs them. A recurrent
+    model's columns are whole env sequences, with their
     initial states and episode starts."""
     torch.manual_seed(0)
     per_rank = 4 // ctx.world_size
@@ -56,23 +58,28 @@ def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor]
     state_size = algo.rollout.initial_state.shape[1]
     algo.rollout.initial_state.copy_(torch.randn(4, state_size, generator=g)[cols])
     algo.learner = ctx.wrap(algo.learner)
-    algo.update(progress=0.0)
-    return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape
+    stats = algo.update(progress=0.0)
+    return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape, update_metrics(stats, ctx.mean_all)
 
 
-def _one_update_numpy(ctx: RankContext, model: str) -> tuple[list, tuple]:
-    params, shape = one_update(ctx, model)
-    return [p.numpy() for p in params], shape
+def _one_update_numpy(ctx: RankContext, model: str) -> tuple[list, tuple, dict]:
+    params, shape, metrics = one_update(ctx, model)
+    return [p.numpy() for p in params], shape, metrics
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all(model):
-    single, _ = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")), model)
+    single, _, metrics = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")), model)
     results = on_gloo_ranks(partial(_one_update_numpy, model=model), timeout=120)
     assert results[0][1] == results[1][1]  # the same minibatch shape on both ranks: (8 steps x 2 envs, 1, 2)
     for rank in (0, 1):
         for a, b in zip(single, results[rank][0]):
             torch.testing.assert_close(a, torch.from_numpy(b), atol=1e-6, rtol=0)
+        # What the loop logs is the global batch's loss, entropy, KL, clip fraction, explained variance: the
+        # one process's, not one rank's half.
+        assert results[rank][2].keys() == metrics.keys()
+        for key, value in metrics.items():
+            assert results[rank][2][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert any((a != b).any() for a, b in zip(single, one_update_initial(model)))  # the update did change them
 
 

@@ -93,7 +93,7 @@ def test_breakout_prioritized_n_step_smoke_then_play(tmp_path):
         "algo=dqn",
         "env=breakout",
         "env.num_envs=2",
-        "env.max_episode_steps=4000",  # frames: an untrained greedy agent that never serves would play 108k
+        "env.max_episode_steps=1000",  # agent steps: an untrained greedy agent that never serves would play 27k
         "algo.buffer_size=4000",
         "algo.learning_starts=256",
         "algo.replay.prioritized=true",
@@ -143,3 +143,24 @@ def test_dqn_learns_cartpole_on_two_ranks(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(set(summary["parameter_digests"])) == 1
     assert best_eval(run) >= 400
+
+
+# CleanRL dqn.py's CartPole settings (its target sync every 500 env steps = 50 updates here; no grad clipping),
+# for 50k steps instead of 500k. With them the replay must start updates at exactly its size, and the MSE loss
+# learns (eval 489 / 312 / 177 at 50k on seeds 1-3) where Huber lets Q run away (eval about 9 on all three).
+CLEANRL = [
+    "algo=dqn", "total_steps=50000", "algo.lr=2.5e-4", "algo.buffer_size=10000", "algo.learning_starts=10000",
+    "algo.batch_size=128", "algo.n_step=1", "algo.train_freq=10", "algo.gradient_steps=1",
+    "algo.target_update_interval=50", "algo.tau=1.0", "algo.start_e=1.0", "algo.end_e=0.05",
+    "algo.exploration_fraction=0.5", "algo.max_grad_norm=1000", "env.num_envs=1", "model.hidden_sizes=[120,84]",
+    "model.activation=relu", "eval.every_steps=10000", "eval.episodes=10", "logging.progress=plain",
+    "checkpoint.every_steps=0",
+]  # fmt: skip
+
+
+@pytest.mark.timeout(200)
+def test_dqn_learns_cartpole_with_cleanrls_hyperparameters(tmp_path):
+    run = train(tmp_path, "run", *CLEANRL, "seed=1")
+    updates = [m["charts/updates"] for m in read_jsonl(run / "metrics.jsonl") if "charts/updates" in m]
+    assert updates[-1] == pytest.approx((50_000 - 10_000) / 10, abs=10)  # from learning_starts on, every 10 steps
+    assert best_eval(run) >= 250

@@ -112,11 +112,11 @@ def test_cartpole_n_step_transitions_match_the_env_through_truncations_and_wrapa
     replay = ReplayBuffer(3 * 50, 3, (4,), np.float32, n_step=3, gamma=0.9)
     fill(rec, replay)
     assert replay.written > replay.rows  # wrapped around
-    assert check_every_live_item(rec, replay, 3, 0.9) == len(replay) == 3 * (50 - 3)
+    assert check_every_live_item(rec, replay, 3, 0.9) == len(replay) == 3 * 50  # full: its capacity
 
 
 def test_atari_frame_stacks_rebuilt_from_single_frames_equal_the_envs_stacks():
-    cfg = EnvConfig(id="ALE/Breakout-v5", num_envs=2, max_episode_steps=150, atari=AtariConfig())
+    cfg = EnvConfig(id="ALE/Breakout-v5", num_envs=2, max_episode_steps=40, atari=AtariConfig())
     envs = make_vector_env(cfg, 2)  # training wrappers: life loss ends episodes, the time limit truncates
     try:
         rec = record(envs, 260, seed=5)
@@ -124,7 +124,8 @@ def test_atari_frame_stacks_rebuilt_from_single_frames_equal_the_envs_stacks():
         envs.close()
     assert np.concatenate(rec["truncated"]).any() and np.concatenate(rec["terminated"]).any()
     replay = ReplayBuffer(2 * 120, 2, (4, 84, 84), np.uint8, frame_stack=4, n_step=2, gamma=0.99)
-    assert replay.frames.shape == (120, 2, 84, 84)  # one frame per transition, not four
+    # One frame per transition, not four; n + k - 1 = 5 rows more than the capacity's, for open windows and stacks.
+    assert replay.frames.shape == (125, 2, 84, 84)
     fill(rec, replay)
     assert check_every_live_item(rec, replay, 2, 0.99) == len(replay) > 200
 
@@ -155,7 +156,7 @@ def test_uniform_sampling_draws_every_live_item_equally():
     items = replay.sample(60_000)
     counts = np.bincount(items, minlength=60)
     live = counts > 0
-    assert live.sum() == len(replay) == 3 * 19  # 20 rows after wrapping around; the newest is incomplete
+    assert live.sum() == len(replay) == 60  # its capacity, after wrapping around
     assert chi2(counts[live], np.full(live.sum(), 60_000 / live.sum())) < chi2_quantile(live.sum() - 1)
 
 
@@ -184,6 +185,14 @@ def test_replay_state_round_trips():
     assert (copy.pos, copy.written, len(copy)) == (replay.pos, replay.written, len(replay))
 
 
-def test_a_space_it_cannot_hold_is_refused():
+def test_a_full_buffer_holds_its_capacity_in_sampleable_items():
+    # CleanRL's dqn.py defaults: buffer 10000, learning_starts 10000, one env: updates must be able to start.
+    for capacity, num_envs, n_step, k in ((10_000, 1, 1, 1), (8, 4, 3, 1), (30, 4, 2, 4)):
+        replay = ReplayBuffer(capacity, num_envs, (4, 3) if k > 1 else (3,), np.float32, frame_stack=k, n_step=n_step)
+        obs = np.zeros((num_envs, 4, 3) if k > 1 else (num_envs, 3), np.float32)
+        flags = np.zeros(num_envs, bool)
+        for _ in range(2 * replay.rows):
+            replay.add(obs, np.zeros(num_envs, int), np.ones(num_envs), flags, flags, None)
+        assert len(replay) >= capacity and len(replay) - capacity < num_envs
     with pytest.raises(ValueError):
-        ReplayBuffer(8, 4, (4,), np.float32, n_step=3)
+        ReplayBuffer(0, 4, (4,), np.float32)

@@ -150,3 +150,23 @@ def test_breakout_smoke_run_then_play(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "ALE/Breakout-v5" in out.stdout and "mean" in out.stdout
+
+
+@pytest.mark.timeout(240)
+def test_resume_from_an_older_checkpoint_continues_in_a_new_run_folder(tmp_path):
+    run = train(tmp_path, "run", *SMALL)  # checkpoints at 2048 and 4096
+    before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
+    out = rlrun("train", f"resume={run / 'checkpoints' / 'ckpt_000000002048.pt'}", "total_steps=6144", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()} == before  # untouched
+    (branch,) = [p for p in (tmp_path / "outputs").glob("*/*") if (p / "summary.json").exists()]
+    summary = json.loads((branch / "summary.json").read_text())
+    assert summary["resumed_from"].endswith("ckpt_000000002048.pt") and summary["env_steps"] == 6144
+    steps = [m["env_steps"] for m in read_jsonl(branch / "metrics.jsonl")]
+    assert steps == sorted(steps) and steps[0] <= 2048 < steps[-1]  # the history up to the checkpoint, then on
+    assert [m for m in read_jsonl(branch / "metrics.jsonl") if m["env_steps"] <= 2048] == [
+        m for m in read_jsonl(run / "metrics.jsonl") if m["env_steps"] <= 2048
+    ]
+    out = rlrun("train", f"resume={branch}", "total_steps=8192", cwd=tmp_path)  # the branch's newest: in place
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((branch / "summary.json").read_text())["env_steps"] == 8192

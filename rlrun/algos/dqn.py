@@ -1,10 +1,11 @@
 """Deep Q-learning (Mnih et al. 2015) as double DQN (van Hasselt et al. 2016): a target network synced by copy
-or Polyak averaging, n-step returns, Huber loss, linearly decayed epsilon-greedy exploration, optional dueling
+or Polyak averaging, n-step returns, MSE or Huber loss, linearly decayed epsilon-greedy exploration, optional dueling
 head, and uniform or prioritized replay whose shards across ranks sample as one buffer (rlrun/buffers/replay.py)."""
 
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Sequence
 
 import gymnasium as gym
@@ -18,7 +19,10 @@ from rlrun.buffers.replay import ONE_SHARD, ReplayBuffer, Shards
 from rlrun.config import DQNConfig, ModelConfig
 from rlrun.envs import finished_episodes
 from rlrun.errors import UserError
+from rlrun.models.encoders import observation_dtype
 from rlrun.models.q_network import QNetwork
+
+log = logging.getLogger("rlrun")
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -42,19 +46,30 @@ def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)  # one call, not one per tensor
 
 
+def td_loss(q: Tensor, targets: Tensor, kind: str) -> Tensor:
+    """Per-item TD loss [B]: "mse" (Q - y)^2 (CleanRL's dqn.py and dqn_atari.py), or "huber" with delta 1
+    (SB3; Mnih et al. 2015's error clipping). Huber caps each item's pull at 1: with unclipped rewards the few
+    terminal items can then no longer hold Q down, and Q runs away (measured on CartPole); it suits Atari's
+    clipped rewards."""
+    if kind == "huber":
+        return F.huber_loss(q, targets, reduction="none")
+    return (q - targets).square()
+
+
 class DQNLearner(nn.Module):
     """The loss module DDP wraps: forward(minibatch) -> (loss, |TD errors|, Q(s, a)). The loss is
-    sum_i w_i Huber(Q(s_i, a_i) - y_i) / batch_size: with DDP's gradient averaging over the ranks this is the
+    sum_i w_i td_loss(Q(s_i, a_i), y_i) / batch_size: with DDP's gradient averaging over the ranks this is the
     mean over the global batch even when ranks hold different numbers of its items (replay.py)."""
 
-    def __init__(self, model: QNetwork, batch_size: int):
+    def __init__(self, model: QNetwork, batch_size: int, loss: str = "mse"):
         super().__init__()
         self.model = model
         self.batch_size = batch_size
+        self.loss = loss
 
     def forward(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q = self.model(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        loss = (weights * F.huber_loss(q, targets, reduction="none")).sum() / self.batch_size
+        loss = (weights * td_loss(q, targets, self.loss)).sum() / self.batch_size
         return loss, (q - targets).detach().abs(), q.detach()
 
 
@@ -81,15 +96,16 @@ class DQN:
         self.shards = shards
         self.model = QNetwork(model_cfg, obs_space, action_space, cfg.dueling).to(device)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
-        self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size)
+        self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size, cfg.loss)
         self.optimizer = FlatAdam(list(self.model.parameters()), cfg.lr, cfg.adam_eps)
         self.num_actions = int(action_space.n)
+        self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
         # np.zeros storage: pages are only allocated as the replay fills (play never fills it).
         self.replay = ReplayBuffer(
             cfg.buffer_size,
             num_envs,
             obs_space.shape,
-            obs_space.dtype,
+            np.uint8 if self.obs_dtype == torch.uint8 else np.float32,
             frame_stack,
             n_step=cfg.n_step,
             gamma=cfg.gamma,
@@ -99,6 +115,8 @@ class DQN:
         # The stream that splits each global batch over the shards: seeded alike on every rank.
         self.shard_rng = torch.Generator().manual_seed(1)
         self.updates = 0
+        self.env_steps_seen = 0  # by this rank since it was built: to say so when updates fail to start
+        self.stall_reported = False
         self.epsilon = cfg.start_e
         self.next_obs: np.ndarray | None = None
 
@@ -112,7 +130,7 @@ class DQN:
         return self.cfg.batch_size, self.cfg.gradient_steps, 1
 
     def _obs(self, obs: np.ndarray) -> Tensor:
-        return torch.as_tensor(obs, device=self.device)
+        return torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
 
     def _explore(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
         greedy = self.model(self._obs(obs)).argmax(-1).cpu()
@@ -125,6 +143,7 @@ class DQN:
         c = self.cfg
         self.epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction, progress)
         obs, episodes = self.next_obs, []
+        self.env_steps_seen += self.steps_per_collect
         for _ in range(c.train_freq):
             actions = self._explore(obs, self.epsilon)
             next_obs, reward, terminated, truncated, info = envs.step(actions)
@@ -145,9 +164,10 @@ class DQN:
         it reads gathered numbers)."""
         c, replay = self.cfg, self.replay
         beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
-        losses, q_sum, items = [], 0.0, 0
+        losses, q_sum = [], 0.0
         shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
         if shard_stats[:, 1].sum() < max(c.learning_starts, 1):
+            self._warn_if_stalled(len(shard_stats), int(shard_stats[:, 1].sum()))
             return self._update_stats(beta)
         if self.updates == 0:  # DDP gave every rank rank 0's network; the target starts from it, not from our own
             polyak_update(self.target, self.model, 1.0)
@@ -156,14 +176,30 @@ class DQN:
                 shard_stats = self.shards.gather(replay.stats())
             loss, q = self._step(shard_stats, beta)
             losses.append(loss)
-            q_sum, items = q_sum + float(q.sum()), items + len(q)
+            q_sum += float(q.sum())
         if c.replay.prioritized:  # new items enter at the largest priority any shard has seen, as in one buffer
             replay.max_priority = float(self.shards.gather(torch.tensor([replay.max_priority])).max())
-        return self._update_stats(beta, losses, q_sum / max(items, 1))
+        # Q summed over this rank's items / (batch_size x updates): the ranks' mean is the global batch's mean,
+        # as for the loss, whatever share of each batch a rank held.
+        return self._update_stats(beta, losses, q_sum / (c.batch_size * c.gradient_steps))
+
+    def _warn_if_stalled(self, shards: int, items: int) -> None:
+        """Say once when the replay should hold learning_starts items by now (every step it saw, but the n-step
+        windows and frame stacks still open) and updates have not started."""
+        c = self.cfg
+        expected = (self.env_steps_seen - self.num_envs * (c.n_step + self.replay.k)) * shards
+        if not self.stall_reported and expected > c.learning_starts:
+            self.stall_reported = True
+            log.warning(
+                "dqn: no update yet after %d env steps: the replay holds %d items, algo.learning_starts=%d",
+                self.env_steps_seen * shards,
+                items,
+                c.learning_starts,
+            )
 
     def _update_stats(self, beta: float, losses: Sequence[float] = (), q_mean: float = 0.0) -> dict[str, float]:
-        """What an update logs; td_loss (mean over its updates) and q_values (mean over this rank's items) once
-        it has made any."""
+        """What an update logs: td_loss (mean over its updates) and q_values (this rank's part of the global
+        batch's mean Q) once it has made any."""
         c = self.cfg
         out = {"learning_rate": c.lr, "charts/epsilon": self.epsilon, "charts/updates": float(self.updates)}
         if losses:
@@ -176,11 +212,13 @@ class DQN:
         """One update on this rank's share of a global batch: (its loss, Q(s, a) of its items)."""
         c, replay = self.cfg, self.replay
         items, weights = replay.sample_global(shard_stats, self.shards.index, c.batch_size, beta, self.shard_rng)
-        batch = {k: self._obs(v) for k, v in replay.batch(items).items()}
+        batch = {k: torch.as_tensor(v, device=self.device) for k, v in replay.batch(items).items()}
+        batch["obs"], batch["next_obs"] = self._obs(batch["obs"]), self._obs(batch["next_obs"])
         with torch.no_grad():
             next_obs, returns, discount = batch["next_obs"], batch["returns"], batch["discount"]
             targets = q_targets(self.model, self.target, next_obs, returns, discount, c.double_q)
-        loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, self._obs(weights).float())
+        weights = torch.as_tensor(weights, dtype=torch.float32, device=self.device)
+        loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, weights)
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.clip_grad_norm(c.max_grad_norm)

@@ -26,11 +26,12 @@ def normalize_advantages(adv: Tensor, mean_all: MeanAll = identity) -> Tensor:
 
 
 class RunningMoments:
-    """Mean and variance of a stream of batches [B, *shape], merged with Chan et al.'s parallel formula."""
+    """Mean and variance of a stream of batches [B, *shape], merged with Chan et al.'s parallel formula. The
+    statistics live on `device`, where the batches are; state_dict holds CPU copies."""
 
-    def __init__(self, shape: tuple[int, ...] = (), mean_all: MeanAll = identity):
-        self.mean = torch.zeros(shape, dtype=torch.float64)
-        self.var = torch.ones(shape, dtype=torch.float64)
+    def __init__(self, shape: tuple[int, ...] = (), mean_all: MeanAll = identity, device: torch.device | str = "cpu"):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = 1e-4
         self.mean_all = mean_all
 
@@ -51,7 +52,9 @@ class RunningMoments:
         return out.clamp(-clip, clip).float()
 
     def state_dict(self) -> dict:
-        return {"mean": self.mean.clone(), "var": self.var.clone(), "count": float(self.count)}
+        return {"mean": self.mean.cpu().clone(), "var": self.var.cpu().clone(), "count": float(self.count)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].clone(), state["var"].clone(), float(state["count"])
+        device = self.mean.device
+        self.mean, self.var = state["mean"].to(device, copy=True), state["var"].to(device, copy=True)
+        self.count = float(state["count"])

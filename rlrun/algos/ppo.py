@@ -22,6 +22,7 @@ from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
 from rlrun.config import ModelConfig, PPOConfig
 from rlrun.envs import finished_episodes
 from rlrun.models import ActorCritic, RecurrentActorCritic, build_actor_critic
+from rlrun.models.encoders import observation_dtype
 from rlrun.models.numpy_policy import NumpyPolicy
 
 
@@ -127,17 +128,18 @@ class PPO:
         cpu_mlp = device.type == "cpu" and self.learner.fused is not None
         self.numpy_policy = NumpyPolicy(self.model) if cpu_mlp else None
         discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
         self.rollout = Rollout(
             cfg.num_steps,
             num_envs,
             obs_space.shape,
-            torch.float32 if cfg.normalize_obs else _dtype(obs_space),
+            torch.float32 if cfg.normalize_obs else self.obs_dtype,
             () if discrete else action_space.shape,
             torch.long if discrete else torch.float32,
             device,
             self.model.state_size if self.recurrent else 0,
         )
-        self.obs_rms = RunningMoments(obs_space.shape, mean_all) if cfg.normalize_obs else None
+        self.obs_rms = RunningMoments(obs_space.shape, mean_all, device) if cfg.normalize_obs else None
         self.ret_rms = RunningMoments((), mean_all) if cfg.normalize_reward else None
         self.next_obs: np.ndarray | None = None  # the observation the next collect starts from
         self.discounted_return = np.zeros(num_envs)  # per env, for reward scaling
@@ -153,9 +155,7 @@ class PPO:
 
     def preprocess(self, obs: np.ndarray, update_stats: bool = False) -> Tensor:
         """Observations as the model sees them: a tensor on the device, normalized if configured."""
-        x = torch.as_tensor(obs, device=self.device)
-        if x.dtype == torch.float64:  # the networks are float32
-            x = x.float()
+        x = torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
         if self.obs_rms is None:
             return x
         if update_stats:
@@ -197,7 +197,9 @@ class PPO:
         r.truncated_np[t, envs] = truncated
         if truncated.any():
             final = np.stack(info["final_obs"][truncated])
-            idx = torch.arange(envs.start, envs.stop, device=self.device)[torch.as_tensor(truncated)]
+            idx = torch.arange(envs.start, envs.stop, device=self.device)[
+                torch.as_tensor(truncated, device=self.device)
+            ]
             # The final observation continues the truncated episode: a recurrent model reads it with the
             # episode's state (not yet reset), as it would have on the next step.
             r.next_values[t, idx] = self._value(final, idx, starts=torch.zeros_like(idx, dtype=torch.bool))
@@ -306,7 +308,7 @@ class PPO:
         out = dict(zip(STATS, (totals / count).tolist()))
         out.update(
             learning_rate=lr,
-            explained_variance=explained_variance(r.values.flatten(), returns.flatten()),
+            explained_variance=explained_variance(r.values.flatten(), returns.flatten(), self.mean_all),
             epochs=float(_epoch + 1),
         )
         return out
@@ -319,13 +321,15 @@ class PPO:
         if not self.recurrent:
             # One gather per tensor and epoch; the minibatches are then slices of it. (The permutation is
             # minibatch_indices' concatenated, so the RNG stream and the minibatches are what they were.)
-            perm = torch.cat(minibatch_indices(self.steps_per_collect, c.num_minibatches))
+            # The permutation comes from the CPU generator (whose state checkpoints hold) and moves to the device.
+            perm = torch.cat(minibatch_indices(self.steps_per_collect, c.num_minibatches)).to(self.device)
             shuffled = {k: take_rows(v.flatten(0, 1), perm) for k, v in batch.items()}
             size = self.steps_per_collect // c.num_minibatches
             for start in range(0, self.steps_per_collect, size):
                 yield {k: v[start : start + size] for k, v in shuffled.items()}
             return
         for idx in minibatch_indices(self.num_envs, c.num_minibatches):
+            idx = idx.to(self.device)
             yield {k: v[:, idx] for k, v in batch.items()} | {"state": r.initial_state[idx], "starts": r.starts[:, idx]}
 
     @torch.inference_mode()
@@ -388,7 +392,3 @@ class PPO:
     def shard_state(self) -> None:
         """PPO has no per-rank state too large to gather (DQN's replay shard is)."""
         return None
-
-
-def _dtype(space: gym.spaces.Box) -> torch.dtype:
-    return torch.uint8 if space.dtype == np.uint8 else torch.float32

@@ -6,6 +6,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlrun.algos.normalize import MeanAll, identity
+
 
 def compute_gae(
     rewards: Tensor,
@@ -37,7 +39,13 @@ def compute_gae(
     return adv, adv + values
 
 
-def explained_variance(predicted: Tensor, target: Tensor) -> float:
-    """1 - Var[target - predicted] / Var[target]; nan when the target is constant."""
-    var = target.var()
-    return float("nan") if var == 0 else float(1 - (target - predicted).var() / var)
+def explained_variance(predicted: Tensor, target: Tensor, mean_all: MeanAll = identity) -> float:
+    """1 - Var[target - predicted] / Var[target] over all ranks (`mean_all` averages a scalar across them; ranks
+    hold equal batches); nan when the target is constant."""
+    var = _variance(target, mean_all)
+    return float("nan") if var == 0 else float(1 - _variance(target - predicted, mean_all) / var)
+
+
+def _variance(x: Tensor, mean_all: MeanAll) -> Tensor:
+    mu = mean_all(x.mean())
+    return mean_all((x - mu).square().mean())

@@ -83,7 +83,10 @@ def importance_weights(mass: np.ndarray, total: float, size: float, min_mass: fl
 
 
 class ReplayBuffer:
-    """One shard: a ring of `capacity // num_envs` rows x `num_envs` columns (see the module docstring).
+    """One shard: a ring of rows x `num_envs` columns (see the module docstring) that holds `capacity`
+    sampleable items once full, as users of CleanRL's and SB3's buffers expect (learning_starts = capacity
+    works): ceil(capacity / num_envs) rows, plus the n rows whose n-step window is still open and the k - 1
+    rows after the write head whose frame look-back it has overwritten.
 
     obs_shape is the shape of one observation; with frame_stack k > 1 its first axis is the stack of k
     frames and only the newest frame is stored per row.
@@ -101,9 +104,9 @@ class ReplayBuffer:
         alpha: float | None = None,
         priority_eps: float = 1e-6,
     ):
-        self.rows = capacity // num_envs
-        if self.rows < n_step + frame_stack + 1:
-            raise ValueError(f"a replay of {capacity} items for {num_envs} envs cannot hold n-step windows")
+        if capacity < 1:
+            raise ValueError(f"a replay must hold at least one item, got capacity {capacity}")
+        self.rows = -(-capacity // num_envs) + n_step + frame_stack - 1
         self.num_envs, self.k, self.n, self.gamma = num_envs, frame_stack, n_step, gamma
         self.alpha, self.priority_eps = alpha, priority_eps  # alpha None: uniform replay
         frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape

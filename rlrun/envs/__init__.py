@@ -77,7 +77,9 @@ def frame_stack(cfg: EnvConfig) -> int:
 def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Callable[[], gym.Env]:
     """A thunk building one env. `train` turns on the training-only Atari wrappers (life loss, reward clip).
 
-    RecordEpisodeStatistics sits innermost so logged returns are raw game scores over whole games.
+    RecordEpisodeStatistics sits below them, so logged returns are raw game scores over whole games. For ALE
+    games the time limit (env.max_episode_steps, in agent steps) sits on the preprocessing, which makes each
+    agent step frame_skip emulator frames, and below the statistics, which must see the truncation.
     """
     atari = atari_config(cfg)
     if atari is not None:
@@ -89,12 +91,20 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
             kwargs.update(frameskip=1, repeat_action_probability=atari.repeat_action_probability)
         if render_mode is not None:  # not passed otherwise: users' envs need not accept it
             kwargs["render_mode"] = render_mode
-        env = gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **kwargs)
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-        if atari is not None:
-            env = gym.wrappers.AtariPreprocessing(
-                env, noop_max=atari.noop_max, frame_skip=atari.frame_skip, screen_size=atari.screen_size
+        if atari is None:
+            env = gym.wrappers.RecordEpisodeStatistics(
+                gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **kwargs)
             )
+        else:
+            env = gym.wrappers.AtariPreprocessing(
+                gym.make(cfg.id, **kwargs),
+                noop_max=atari.noop_max,
+                frame_skip=atari.frame_skip,
+                screen_size=atari.screen_size,
+            )
+            if cfg.max_episode_steps is not None:
+                env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
+            env = gym.wrappers.RecordEpisodeStatistics(env)
             if train and atari.terminal_on_life_loss:
                 env = EpisodicLife(env)
             if needs_fire(env):
@@ -121,7 +131,7 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEn
         if v.backend == "subproc":
             groups = 2 if v.double_buffer and train else 1
             workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
-            return WorkerPool(fns, workers, v.step_timeout_s, groups=groups)
+            return WorkerPool(fns, workers, v.step_timeout_s, groups, "env worker" if train else "eval env worker")
         return SyncEnvs(fns)
     except (gym.error.Error, TypeError) as e:
         raise UserError(f"cannot make env '{cfg.id}' with env.kwargs={dict(cfg.kwargs)}: {e}") from e

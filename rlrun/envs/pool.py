@@ -187,9 +187,15 @@ class WorkerPool:
     """
 
     def __init__(
-        self, env_fns: Sequence[Callable[[], gym.Env]], num_workers: int, step_timeout_s: float, groups: int = 1
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        num_workers: int,
+        step_timeout_s: float,
+        groups: int = 1,
+        role: str = "env worker",
     ):
         self.num_envs = len(env_fns)
+        self.role = role  # how errors name a worker: "env worker 1 (pid ...)"
         num_workers = max(1, min(num_workers, self.num_envs))
         if groups > num_workers:
             raise ValueError(f"{groups} groups need at least {groups} workers, got {num_workers}")
@@ -251,9 +257,12 @@ class WorkerPool:
             elif left <= self.timeout / 4:
                 return []
 
+    def _where(self, w: int) -> str:
+        sl = self.slices[w]
+        return f"{self.role} {w} (pid {self.procs[w].pid}, envs {sl.start}-{sl.stop - 1})"
+
     def _recv(self, w: int, what: str) -> list:
-        conn, proc, sl = self.conns[w], self.procs[w], self.slices[w]
-        where = f"env worker {w} (pid {proc.pid}, envs {sl.start}-{sl.stop - 1})"
+        conn, proc, where = self.conns[w], self.procs[w], self._where(w)
         ready = self._wait(w)
         if conn in ready:
             try:
@@ -322,6 +331,13 @@ class WorkerPool:
         for w in range(self.num_workers):
             self._send(w, ("run", (job, args)))
         return [self._recv(w, what) for w in range(self.num_workers)]
+
+    def check_alive(self) -> None:
+        """Raise EnvWorkerError naming a worker that died while idle (killed, out of memory), without waiting."""
+        for w, proc in enumerate(self.procs):
+            if not proc.is_alive():
+                proc.join(1.0)
+                raise EnvWorkerError(f"{self._where(w)} {_describe_exit(proc.exitcode)} while idle")
 
     def get_env_state(self) -> list:
         return self._call("get_state")

@@ -127,6 +127,9 @@ class SyncEnvs:
         self.send(0, actions)
         return self.recv(0)
 
+    def check_alive(self) -> None:
+        """Nothing to check: the envs live in this process."""
+
     def get_env_state(self) -> list:
         return self._run("get_state")
 

@@ -111,6 +111,13 @@ class NatureCNN(nn.Module):
         return self.fc(self.conv[1:](h))
 
 
+def observation_dtype(shape: tuple[int, ...], dtype: np.dtype) -> torch.dtype:
+    """The dtype networks take observations of `shape` and numpy `dtype` in: uint8 frames [C, H, W] stay bytes
+    (the Nature CNN scales them inside, and rollouts and replays of frames are 4x smaller so); every other
+    observation (float64, integer or uint8 vectors) becomes float32, what nn.Linear computes in."""
+    return torch.uint8 if np.dtype(dtype) == np.uint8 and len(shape) == 3 else torch.float32
+
+
 def build_encoder(name: str, obs_shape: tuple[int, ...], hidden_sizes: list[int], activation: str):
     """(encoder, feature size) for the model named in config."""
     if name == "nature_cnn":
