@@ -24,7 +24,7 @@ test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not dist"
 
 bench: $(STAMP)
 	$(PIP) -e '.[atari,video,sweep,report,dev,bench]'

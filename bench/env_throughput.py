@@ -90,8 +90,10 @@ def ppo_end_to_end(iterations: int) -> None:
     iteration with the worker pool vs AsyncVectorEnv, same seeds, same process."""
     import torch
 
-    from rlrun.algos.ppo import PPO
-    from rlrun.config import ModelConfig, PPOConfig
+    from rlrun.algos.ppo import PPO, PPOConfig
+    from rlrun.algos.protocol import EnvSpec
+    from rlrun.config import ModelConfig
+    from rlrun.fast import accelerate
 
     torch.set_num_threads(os.cpu_count() or 1)
     cfg = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig(), vector=VectorConfig(backend="subproc"))
@@ -104,15 +106,10 @@ def ppo_end_to_end(iterations: int) -> None:
             vector = VectorConfig(backend="subproc", double_buffer="double" in label)
             envs = make_vector_env(EnvConfig(id=cfg.id, atari=cfg.atari, vector=vector), 8)
         torch.manual_seed(0)
-        algo = PPO(
-            PPOConfig(clip_coef=0.1),
-            model,
-            envs.single_observation_space,
-            envs.single_action_space,
-            8,
-            torch.device("cpu"),
-        )
-        algo.next_obs = np.array(envs.reset(seed=0)[0])
+        spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 8)
+        algo = PPO(PPOConfig(clip_coef=0.1), model, spec, torch.device("cpu"))
+        accelerate(algo, envs)  # as training does
+        algo.start(np.array(envs.reset(seed=0)[0]))
         collect = update = 0.0
         for _ in range(iterations):
             t = time.perf_counter()

@@ -9,10 +9,11 @@ import zipfile
 from pathlib import Path
 
 import torch
+import yaml
 
 from rlrun.errors import UserError
 
-FORMAT_VERSION = 2  # 2: optimizer state is FlatAdam's (one flat buffer)
+FORMAT_VERSION = 3  # 3: optimizer state in torch.optim.Adam's format; 2: FlatAdam's flat buffers (upgraded on load)
 _PREFIX = "ckpt_"
 
 
@@ -55,6 +56,23 @@ def _save_atomic(obj: dict, path: Path) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def rng_devices(device: torch.device) -> list[torch.device]:
+    """The accelerator generators besides the CPU's that this rank draws from (PPO samples on its device)."""
+    return [device] if device.type == "cuda" else []
+
+
+def rng_state(device: torch.device) -> dict:
+    """This rank's generator states: the CPU's, and its device's (a resumed GPU run must not replay its noise)."""
+    return {"rng": torch.get_rng_state(), "device_rng": [torch.cuda.get_rng_state(d) for d in rng_devices(device)]}
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["rng"])
+    saved = state.get("device_rng", [])  # checkpoints of CPU runs have none; a CPU run ignores a GPU run's
+    for d, s in zip(rng_devices(device), saved):
+        torch.cuda.set_rng_state(s, d)
 
 
 def _shard_path(directory: Path, env_steps: int, rank: int) -> Path:
@@ -116,12 +134,32 @@ def run_dir_of(checkpoint: Path) -> Path | None:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
+def _upgrade_from_2(state: dict) -> None:
+    """Format 2 kept Adam's moments as flat buffers over the model's parameters, in the model's state_dict order
+    (the models keep no buffers); format 3 has torch.optim.Adam's per-parameter state."""
+    optimizer, model = state["algo"]["optimizer"], state["algo"]["model"]
+    shapes = [t.shape for t in model.values()]
+    step = torch.tensor(float(optimizer["steps"]))
+    moments = [optimizer[k].split([s.numel() for s in shapes]) for k in ("exp_avg", "exp_avg_sq")]
+    per_param = {
+        i: {"step": step.clone(), "exp_avg": m.view(s).clone(), "exp_avg_sq": v.view(s).clone()}
+        for i, (m, v, s) in enumerate(zip(*moments, shapes))
+    }
+    algo = yaml.safe_load(state["config"])["algo"]
+    group = {"lr": float(algo["lr"]), "betas": (0.9, 0.999), "eps": float(algo["adam_eps"])}
+    group |= {"weight_decay": 0.0, "amsgrad": False, "maximize": False, "params": list(range(len(shapes)))}
+    state["algo"]["optimizer"] = {"state": per_param, "param_groups": [group]}
+    state["rlrun_format"] = 3
+
+
 def load_checkpoint(path: str | Path) -> dict:
     """Load and check an rlrun checkpoint. Plain data only: a file that would run code is refused."""
     p = resolve_checkpoint(path)
     state = _load_data(p, "checkpoint")
     if not isinstance(state, dict) or "rlrun_format" not in state:
         raise UserError(f"{p} is not an rlrun checkpoint (no format version in it)")
+    if state["rlrun_format"] == 2:
+        _upgrade_from_2(state)
     if state["rlrun_format"] != FORMAT_VERSION:
         raise UserError(
             f"{p} has checkpoint format version {state['rlrun_format']}; this rlrun reads version {FORMAT_VERSION}"

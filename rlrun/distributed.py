@@ -116,6 +116,16 @@ class RankContext:
         return DistributedDataParallel(module, device_ids=ids)
 
 
+def torchrun_job() -> tuple[int, str] | None:
+    """(rank, rendezvous run id) when this process is one rank of a torchrun job of several, else None."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return None
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id == "none":
+        run_id = f"{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', '0')}"
+    return int(os.environ["RANK"]), run_id
+
+
 def from_env(device: str) -> RankContext:
     """The context of this process: a rank of a job when RANK/WORLD_SIZE are set, else a single process."""
     rank = int(os.environ.get("RANK", 0))

@@ -1,4 +1,4 @@
-"""Run a fixed number of whole episodes on a vector env and return them in a fixed order (evaluation, play)."""
+"""Whole episodes on a vector env, returned in a fixed order (evaluation, play), and the main rank's evaluator."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
+import torch
 
-from rlrun.envs import finished_episodes
+from rlrun.algos.protocol import Algorithm
+from rlrun.checkpoint import rng_devices
+from rlrun.config import TrainConfig
+from rlrun.envs import env_seeds, finished_episodes, make_vector_env
 
 
 def run_episodes(
@@ -36,3 +40,37 @@ def run_episodes(
                 results[i].append((float(returns[i]), int(lengths[i])))
     ordered = [results[i % n][i // n] for i in range(episodes)]
     return np.array([r for r, _ in ordered]), np.array([length for _, length in ordered])
+
+
+class Evaluator:
+    """The main rank's evaluation: eval.episodes whole episodes on envs of its own, acting with the algorithm,
+    drawing nothing from the training RNG streams and using no collective."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.envs = make_vector_env(cfg.env, min(cfg.eval.num_envs, cfg.eval.episodes), train=False)
+
+    def __call__(self, algo: Algorithm) -> np.ndarray:
+        """The returns of the episodes, in a fixed order."""
+        with torch.random.fork_rng(devices=rng_devices(self.device)):
+            seeds = env_seeds(self.cfg.seed, 0, self.envs.num_envs, stream=1)
+            act = lambda o, starts: algo.act(o, self.cfg.eval.deterministic, starts)  # noqa: E731
+            return run_episodes(self.envs, act, self.cfg.eval.episodes, seeds)[0]
+
+    def check_alive(self) -> None:
+        """A dead eval worker is reported at the iteration it died in, not at the next evaluation (maybe hours
+        later)."""
+        self.envs.check_alive()
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class NullEvaluator:
+    """The other ranks': they evaluate nothing."""
+
+    def __call__(self, algo: Algorithm) -> None:
+        return None
+
+    def check_alive(self) -> None: ...
+    def close(self) -> None: ...

@@ -12,9 +12,11 @@ import sys
 import uuid
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
-from rlrun.config import TrainConfig, from_yaml
+from rlrun.config import TrainConfig
+from rlrun.config.store import from_yaml
 from rlrun.distributed import PEER_LOSS
 
 log = logging.getLogger("rlrun")
@@ -49,8 +51,16 @@ def launch(cfg: TrainConfig, run_dir: Path, config_yaml: str, resume: str | None
     # The agent logs every rank's failure at length; rlrun reports the root cause once (root_cause).
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    results = elastic_launch(config, rank_main)(config_yaml, str(run_dir), resume, overrides)
+    try:
+        results = elastic_launch(config, rank_main)(config_yaml, str(run_dir), resume, overrides)
+    except SignalException as e:  # Ctrl-C or SIGTERM reached the agent: exit as the signal says
+        sys.exit(128 + int(e.sigval))
     return results.get(0)
+
+
+def failed_ranks(error: BaseException) -> str | None:
+    """The one message for a job whose rank failed (root_cause), or None for any other error."""
+    return root_cause(error) if isinstance(error, ChildFailedError) else None
 
 
 def root_cause(error: ChildFailedError) -> str:

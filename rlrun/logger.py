@@ -95,6 +95,11 @@ class RunLogger:
     def error(self, message: str, *args: object) -> None:
         log.error(message, *args)  # also with progress=none: a failure must be told
 
+    def failed(self, error: str, overrides: list[str], resume: str | None) -> None:
+        """summary.json of a run that failed: why, and the line that continues it when a checkpoint exists."""
+        failed = {"status": "failed", "error": error, "overrides": overrides}
+        self.summary(failed | ({"resume": resume} if resume else {}))
+
     def summary(self, summary: dict) -> None:
         with open(self.run_dir / "summary.json", "w") as f:
             json.dump(summary, f, indent=2)
@@ -115,6 +120,7 @@ class NullLogger:
     def log(self, *args: object) -> None: ...
     def info(self, *args: object) -> None: ...
     def error(self, *args: object) -> None: ...
+    def failed(self, *args: object) -> None: ...
     def summary(self, *args: object) -> None: ...
     def close(self) -> None: ...
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlrun.algos import build_algo
+from rlrun.algos.protocol import EnvSpec
 from rlrun.config import PlayConfig, TrainConfig
 from rlrun.distributed import resolve_device
 from rlrun.envs import check_env_id, env_seeds, make_env
@@ -44,14 +45,8 @@ def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict, run_dir: Path) ->
         thunk = _video_env(thunk, run_dir / "videos")
     envs = SyncVectorEnv([thunk], autoreset_mode=AutoresetMode.SAME_STEP)
     try:
-        algo = build_algo(
-            train_cfg.algo,
-            train_cfg.model,
-            envs.single_observation_space,
-            envs.single_action_space,
-            1,
-            resolve_device(cfg.device),
-        )
+        spec = EnvSpec(envs.single_observation_space, envs.single_action_space)
+        algo = build_algo(train_cfg.algo, train_cfg.model, spec, resolve_device(cfg.device))
         algo.load_state_dict(state["algo"])
         seed = cfg.seed if cfg.seed is not None else train_cfg.seed
         act = lambda o, starts: algo.act(o, cfg.deterministic, starts)  # noqa: E731

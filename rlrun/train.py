@@ -3,7 +3,6 @@ collect -> update -> log -> evaluate -> save until total_steps, and write the su
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -17,12 +16,23 @@ import torch
 from torch import Tensor
 
 from rlrun.algos import build_algo
+from rlrun.algos.protocol import EnvSpec, Reductions
 from rlrun.buffers.replay import Shards
-from rlrun.checkpoint import Checkpointer, NullCheckpointer, list_checkpoints, load_shard, run_dir_of, save_shard
+from rlrun.checkpoint import (
+    Checkpointer,
+    NullCheckpointer,
+    list_checkpoints,
+    load_shard,
+    rng_state,
+    run_dir_of,
+    save_shard,
+    set_rng_state,
+)
 from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext, is_peer_loss, parameter_digest
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
-from rlrun.evaluation import run_episodes
+from rlrun.evaluation import Evaluator, NullEvaluator
+from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
 
 
@@ -80,23 +90,6 @@ def auto_threads(model: ModelConfig, local_ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_ranks) if convolutional(model) else 1
 
 
-def rng_devices(device: torch.device) -> list[torch.device]:
-    """The accelerator generators besides the CPU's that this rank draws from (PPO samples on its device)."""
-    return [device] if device.type == "cuda" else []
-
-
-def rng_state(device: torch.device) -> dict:
-    """This rank's generator states: the CPU's, and its device's (a resumed GPU run must not replay its noise)."""
-    return {"rng": torch.get_rng_state(), "device_rng": [torch.cuda.get_rng_state(d) for d in rng_devices(device)]}
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["rng"])
-    saved = state.get("device_rng", [])  # checkpoints of CPU runs have none; a CPU run ignores a GPU run's
-    for d, s in zip(rng_devices(device), saved):
-        torch.cuda.set_rng_state(s, d)
-
-
 def crossed(before: int, after: int, every: int) -> bool:
     """Whether a multiple of `every` lies in (before, after]; never for every == 0."""
     return every > 0 and after // every > before // every
@@ -123,10 +116,10 @@ def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episod
         episodes_log.own_total = mine["own_episodes"]
     if mine and mine["envs"] is not None:
         envs.set_env_state(mine["envs"])
-        algo.load_cursor_state(mine["cursor"])
+        algo.load_rank_state(mine["cursor"])
     else:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
         seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
-        algo.next_obs, _ = envs.reset(seed=seeds)
+        algo.start(envs.reset(seed=seeds)[0])
     shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank) if mine else None
     if shard is not None:  # this rank's replay, when it was checkpointed
         algo.load_shard_state(shard)
@@ -143,78 +136,59 @@ def train(
     """Train on this rank; returns the summary (written to run_dir/summary.json by the main rank)."""
     torch.set_num_threads(cfg.threads or auto_threads(cfg.model, ctx.local_world_size))
     # Adam's second-moment estimates of rarely-moving weights decay into denormal floats, which CPUs process
-    # ~10x slower: measured, an Adam step of a 256x256 MLP took 0.96 ms instead of 0.11 ms. Flushing them to zero
-    # changes no result that matters.
+    # many times slower; flushing them to zero changes no result that matters.
     torch.set_flush_denormal(True)
     if cfg.torch_deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     # Env workers fork here, before the process group starts gloo's threads and before any threaded torch
-    # op: a fork after those can hang the child. Only the main rank evaluates.
+    # op (and TensorBoard's writer thread): a fork after those can hang the child.
     envs = make_vector_env(cfg.env, cfg.env.num_envs, train=True)
-    eval_envs = (
-        make_vector_env(cfg.env, min(cfg.eval.num_envs, cfg.eval.episodes), train=False) if ctx.is_main else None
+    # What only the main rank does is decided here, once, by which objects it gets.
+    evaluator = Evaluator(cfg, ctx.device) if ctx.is_main else NullEvaluator()
+    start_steps = resume_state["env_steps"] if resume_state else 0
+    logger = _logger(cfg, ctx, run_dir, start_steps, resume_state) if ctx.is_main else NullLogger()
+    checkpointer = (
+        Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
     stop = StopSignal()
     try:
         ctx.init()
-        return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop)
+        parts = (envs, evaluator, logger, checkpointer, stop)
+        return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, *parts)
     except Exception as e:
-        if ctx.is_main:  # a sweep's report reads why this run failed
-            failed = {"status": "failed", "error": f"{type(e).__name__}: {e}", "overrides": list(overrides)}
-            if list_checkpoints(run_dir / "checkpoints"):
-                failed["resume"] = f"rlrun train resume={run_dir}"
-            (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        resume = f"rlrun train resume={run_dir}" if list_checkpoints(run_dir / "checkpoints") else None
+        logger.failed(f"{type(e).__name__}: {e}", list(overrides), resume)  # a sweep's report reads why
         raise
     finally:
         stop.restore()
+        logger.close()
         envs.close()
-        if eval_envs is not None:
-            eval_envs.close()
+        evaluator.close()
         ctx.close()
 
 
-def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_envs, stop) -> dict:
+def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluator, logger, checkpointer, stop) -> dict:
     threads = torch.get_num_threads()
     # Env workers take cores while the policy acts: acting on the others only, or OpenMP threads wait on each
-    # other behind the workers (2 cores, 2 workers: one thread made Breakout's collect 1.1-1.4x faster).
+    # other behind the workers.
     collect_threads = max(1, threads - envs.num_workers)
     torch.manual_seed(cfg.seed + ctx.rank)
-    obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    algo = build_algo(
-        cfg.algo,
-        cfg.model,
-        obs_space,
-        action_space,
-        cfg.env.num_envs,
-        ctx.device,
-        ctx.mean_all,
-        Shards(ctx.rank, ctx.gather_all),
-        frame_stack(cfg.env),
-    )
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, cfg.env.num_envs, frame_stack(cfg.env))
+    algo = build_algo(cfg.algo, cfg.model, spec, ctx.device, Reductions(ctx.mean_all, Shards(ctx.rank, ctx.gather_all)))
+    accelerations = accelerate(algo, envs)
     shapes = ctx.all_gather(algo.update_shape)
     if len(set(shapes)) > 1:  # unequal minibatch counts would hang DDP's all-reduce: fail instead
         raise RuntimeError(f"ranks disagree on (minibatch size, minibatches, epochs): {shapes}")
-    algo.learner = ctx.wrap(algo.learner)  # DDP broadcasts rank 0's parameters here
+    algo.wrap_learner(ctx.wrap)  # DDP broadcasts rank 0's parameters here
     steps_per_iteration = algo.steps_per_collect * ctx.world_size
     num_iterations = cfg.total_steps // steps_per_iteration
     env_steps = iteration = 0
-    algo.next_obs, _ = envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))
+    algo.start(envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
     episodes_log = EpisodeLog(ctx)
     if resume_state is not None:
         env_steps, iteration = resume_state["env_steps"], resume_state["iteration"]
         _restore(resume_state, cfg, ctx, algo, envs, episodes_log)
-    logger = _logger(cfg, ctx, run_dir, env_steps, resume_state)
-    checkpointer = (
-        Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
-    )
-
-    def evaluate() -> np.ndarray:
-        # Main rank only, and no collective inside. It draws nothing from the training RNG stream.
-        with torch.random.fork_rng(devices=rng_devices(ctx.device)):
-            seeds = env_seeds(cfg.seed, 0, eval_envs.num_envs, stream=1)
-            act = lambda o, starts: algo.act(o, cfg.eval.deterministic, starts)  # noqa: E731
-            return run_episodes(eval_envs, act, cfg.eval.episodes, seeds)[0]
 
     def save() -> Path | None:
         # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes, except a
@@ -224,7 +198,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         own = {
             **rng_state(ctx.device),
             "envs": _env_state(envs),
-            "cursor": algo.cursor_state(),
+            "cursor": algo.rank_state(),
             "episodes": [list(e) for e in episodes_log.pending],
             "own_episodes": episodes_log.own_total,
         }
@@ -242,6 +216,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         ctx.world_size,
         "s" if ctx.distributed else "",
     )
+    logger.info("accelerations: %s", ", ".join(accelerations) or "none (algo.fast=false, or none applies)")
     start_time, start_steps = time.perf_counter(), env_steps
     recent: deque[float] = deque(maxlen=100)
     eval_returns = None
@@ -253,7 +228,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
             torch.set_num_threads(collect_threads)
             episodes = algo.collect(envs, env_steps / cfg.total_steps)
             torch.set_num_threads(threads)
-            _check_alive(eval_envs)
+            evaluator.check_alive()
             recovery.updating = True
             stats = algo.update(progress=env_steps / cfg.total_steps)
             recovery.updating = False
@@ -270,7 +245,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
                     "charts/sps": sps,
                     **episodes_log.metrics(),
                 }
-                evaluated = _log_interval(logger, env_steps, metrics, evaluate if eval_now and ctx.is_main else None)
+                evaluated = _log_interval(logger, env_steps, metrics, evaluator(algo) if eval_now else None)
                 eval_returns = eval_returns if evaluated is None else evaluated
             if crossed(before, env_steps, cfg.checkpoint.every_steps) and not last:
                 save()
@@ -280,8 +255,9 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
         final = save()  # before the final evaluation, which may fail
         recovery.saved_at = env_steps
         final_metrics = episodes_log.metrics()
-        if ctx.is_main and not interrupted:
-            eval_returns = evaluate()
+        evaluated = evaluator(algo) if not interrupted else None
+        if evaluated is not None:
+            eval_returns = evaluated
             final_metrics |= _eval_metrics(eval_returns)
     except Exception as e:
         recovery.write(e, algo, iteration, env_steps)
@@ -318,7 +294,6 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, eval_env
             _eval_text(eval_returns),
         )
     logger.summary(summary)
-    logger.close()
     return summary
 
 
@@ -348,10 +323,8 @@ class Recovery:
 
 
 def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, resume_state: dict | None):
-    """The main rank's RunLogger (the others' NullLogger). A run resumed from an older checkpoint of another run
-    folder starts its metrics.jsonl with that run's lines up to the checkpoint, and says where it came from."""
-    if not ctx.is_main:
-        return NullLogger()
+    """The main rank's RunLogger. A run resumed from an older checkpoint of another run folder starts its
+    metrics.jsonl with that run's lines up to the checkpoint, and says where it came from."""
     origin = run_dir_of(Path(resume_state["path"])) if resume_state else None
     moved = origin is not None and origin.resolve() != run_dir.resolve()
     c = cfg.logging
@@ -362,21 +335,13 @@ def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, r
     return logger
 
 
-def _log_interval(logger, env_steps: int, metrics: dict, evaluate: Callable | None) -> np.ndarray | None:
-    """Log one interval's metrics, after an evaluation when given one; returns its returns."""
-    returns = evaluate() if evaluate is not None else None
+def _log_interval(logger, env_steps: int, metrics: dict, returns: np.ndarray | None) -> np.ndarray | None:
+    """Log one interval's metrics, with the evaluation's when it ran; returns its returns."""
     if returns is not None:
         metrics |= _eval_metrics(returns)
         logger.info("eval at %d env steps: return %.2f +- %.2f", env_steps, returns.mean(), returns.std())
     logger.log(env_steps, metrics)
     return returns
-
-
-def _check_alive(eval_envs) -> None:
-    """A dead eval worker is reported at the iteration it died in, not when evaluation next runs (maybe hours
-    later); only the main rank has eval envs."""
-    if eval_envs is not None:
-        eval_envs.check_alive()
 
 
 def update_metrics(stats: dict, mean_all: Callable[[Tensor], Tensor]) -> dict:

@@ -66,7 +66,7 @@ class SimTensor(torch.Tensor):
 
 
 def _on_sim(device) -> bool:
-    return isinstance(device, (torch.device, str)) and torch.device(device).type == SIM.type
+    return isinstance(device, torch.device) and device.type == SIM.type
 
 
 _MOVES = {aten._to_copy.default, aten.to.dtype_layout, aten.to.device, aten.to.dtype, aten.to.other}
@@ -133,7 +133,7 @@ def simulated_device() -> Iterator[torch.device]:
 
 def _created_then_moved(create):
     def wrapped(data, *args, device=None, **kwargs) -> torch.Tensor:
-        if _on_sim(device):
+        if device is not None and _on_sim(torch.device(device)):
             return create(data, *args, **kwargs).to(device)
         return create(data, *args, device=device, **kwargs)
 

@@ -144,3 +144,26 @@ def test_atari_max_episode_steps_counts_agent_steps(train):
         assert truncated and 40 <= steps < 50 and info["episode"]["l"] == 50
     finally:
         env.close()
+
+
+def test_format_2_checkpoints_load_with_their_optimizer_state(tmp_path):
+    # Format 2 held Adam's moments as flat buffers (FlatAdam's own format); format 3 holds torch.optim.Adam's.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-5)
+    for _ in range(3):
+        adam.zero_grad()
+        model(torch.randn(5, 3)).square().sum().backward()
+        adam.step()
+    now = adam.state_dict()
+    moments = {k: torch.cat([now["state"][i][k].reshape(-1) for i in range(4)]) for k in ("exp_avg", "exp_avg_sq")}
+    old = {"rlrun_format": 2, "env_steps": 10, "config": "algo:\n  lr: 0.001\n  adam_eps: 1.0e-05\n"}
+    old["algo"] = {"model": model.state_dict(), "optimizer": {"steps": 3, **moments}}
+    torch.save(old, tmp_path / "old.pt")
+    upgraded = load_checkpoint(tmp_path / "old.pt")
+    assert upgraded["rlrun_format"] == 3
+    fresh = torch.optim.Adam(model.parameters(), lr=1.0)
+    fresh.load_state_dict(upgraded["algo"]["optimizer"])
+    for i in range(4):
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(fresh.state_dict()["state"][i][k], now["state"][i][k]), (i, k)
+    assert fresh.param_groups[0]["lr"] == 1e-3 and fresh.param_groups[0]["eps"] == 1e-5

@@ -6,16 +6,21 @@ networks as float32."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from rlrun.algos import build_algo
-from rlrun.buffers.replay import ONE_SHARD
-from rlrun.config import DQNConfig, EnvConfig, ModelConfig, PPOConfig, ReplayConfig
+from rlrun.algos.dqn import DQNConfig, ReplayConfig
+from rlrun.algos.ppo import PPOConfig
+from rlrun.algos.protocol import EnvSpec
+from rlrun.checkpoint import rng_state, set_rng_state
+from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, frame_stack, make_env
-from rlrun.train import rng_state, set_rng_state
+from rlrun.fast import accelerate
 from tests.simulated_device import simulated_device
 
 BREAKOUT = EnvConfig(id="ALE/Breakout-v5", num_envs=2)
@@ -49,9 +54,11 @@ CASES = {
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "reference"])
 @pytest.mark.parametrize("case", CASES)
-def test_collect_update_act_and_state_on_a_non_cpu_device(case):
+def test_collect_update_act_and_state_on_a_non_cpu_device(case, fast):
     algo_cfg, model_cfg, env_cfg = CASES[case]
+    algo_cfg = replace(algo_cfg, fast=fast)
     torch.manual_seed(0)
     envs = SyncEnvs([make_env(env_cfg, train=True) for _ in range(env_cfg.num_envs)])
     try:
@@ -62,11 +69,10 @@ def test_collect_update_act_and_state_on_a_non_cpu_device(case):
 
 
 def _collect_update_act_and_state(algo_cfg, model_cfg, env_cfg: EnvConfig, envs, device: torch.device) -> None:
-    obs_space, action_space = envs.single_observation_space, envs.single_action_space
-    algo = build_algo(
-        algo_cfg, model_cfg, obs_space, action_space, env_cfg.num_envs, device, frame_stack=frame_stack(env_cfg)
-    )
-    algo.next_obs, _ = envs.reset(seed=env_seeds(0, 0, env_cfg.num_envs))
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, env_cfg.num_envs, frame_stack(env_cfg))
+    algo = build_algo(algo_cfg, model_cfg, spec, device)
+    accelerate(algo, envs)  # with fast, those that apply off the CPU (the fused loss, flat Adam)
+    algo.start(envs.reset(seed=env_seeds(0, 0, env_cfg.num_envs))[0])
     for _ in range(3):  # DQN: the first collects fill the replay to learning_starts
         algo.collect(envs, 0.1)
         stats = algo.update(0.1)
@@ -103,11 +109,9 @@ def test_observations_of_any_dtype_reach_the_networks_as_float32_and_frames_stay
             for algo_cfg in (PPOConfig(**SMALL_PPO), DQNConfig(buffer_size=256, learning_starts=16, train_freq=8)):
                 envs = SyncEnvs([make_env(env_cfg, train=True) for _ in range(2)])
                 try:
-                    algo = build_algo(
-                        algo_cfg, ModelConfig(), envs.single_observation_space, envs.single_action_space, 2,
-                        torch.device("cpu"), shards=ONE_SHARD,
-                    )  # fmt: skip
-                    algo.next_obs, _ = envs.reset(seed=[1, 2])
+                    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 2)
+                    algo = build_algo(algo_cfg, ModelConfig(), spec, torch.device("cpu"))
+                    algo.start(envs.reset(seed=[1, 2])[0])
                     for _ in range(3):
                         algo.collect(envs, 0.1)
                         stats = algo.update(0.1)
@@ -121,7 +125,8 @@ def test_observations_of_any_dtype_reach_the_networks_as_float32_and_frames_stay
     frames = PPOConfig(**SMALL_PPO)
     envs = SyncEnvs([make_env(BREAKOUT, train=True)])
     try:
-        algo = build_algo(frames, CNN, envs.single_observation_space, envs.single_action_space, 1, torch.device("cpu"))
+        spec = EnvSpec(envs.single_observation_space, envs.single_action_space)
+        algo = build_algo(frames, CNN, spec, torch.device("cpu"))
         assert algo.rollout.obs.dtype == torch.uint8  # frames are stored as bytes, 4x smaller than floats
     finally:
         envs.close()

@@ -17,8 +17,9 @@ import gymnasium as gym
 import pytest
 import torch
 
-from rlrun.algos.ppo import PPO
-from rlrun.config import ModelConfig, PPOConfig
+from rlrun.algos.ppo import PPO, PPOConfig
+from rlrun.algos.protocol import EnvSpec, Reductions
+from rlrun.config import ModelConfig
 from rlrun.distributed import RankContext
 from rlrun.train import update_metrics
 from tests.conftest import cli_env, free_port, on_gloo_ranks, read_jsonl, rlrun
@@ -39,7 +40,7 @@ def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor]
     per_rank = 4 // ctx.world_size
     cfg = PPOConfig(num_steps=8, num_minibatches=1, update_epochs=2)
     space, actions = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
-    algo = PPO(cfg, MODELS[model], space, actions, per_rank, ctx.device, ctx.mean_all)
+    algo = PPO(cfg, MODELS[model], EnvSpec(space, actions, per_rank), ctx.device, Reductions(ctx.mean_all))
     g = torch.Generator().manual_seed(123)
     full = {
         "obs": torch.randn(8, 4, 4, generator=g),
@@ -57,7 +58,7 @@ def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor]
         getattr(algo.rollout, name).copy_(value[:, cols])
     state_size = algo.rollout.initial_state.shape[1]
     algo.rollout.initial_state.copy_(torch.randn(4, state_size, generator=g)[cols])
-    algo.learner = ctx.wrap(algo.learner)
+    algo.wrap_learner(ctx.wrap)
     stats = algo.update(progress=0.0)
     return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape, update_metrics(stats, ctx.mean_all)
 
@@ -85,14 +86,8 @@ def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all(model):
 
 def one_update_initial(model: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    algo = PPO(
-        PPOConfig(num_steps=8),
-        MODELS[model],
-        gym.spaces.Box(-1, 1, (4,)),
-        gym.spaces.Discrete(2),
-        4,
-        torch.device("cpu"),
-    )
+    spec = EnvSpec(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), 4)
+    algo = PPO(PPOConfig(num_steps=8), MODELS[model], spec, torch.device("cpu"))
     return [p.detach().clone() for p in algo.model.parameters()]
 
 

@@ -1,6 +1,8 @@
-"""The fast paths against the plain ones they replace: PPO's fused loss against autograd through PPOLearner,
-FlatAdam against torch.optim.Adam, acting in numpy against ActorCritic.act, SyncEnvs against gymnasium's
-SyncVectorEnv, Gumbel-max sampling against torch.multinomial, channels-last rollout frames against indexing."""
+"""The accelerations (rlrun/fast/) against the reference parts they replace, through the same signatures:
+FusedPPOLearner against PPOLearner, FlatAdam against torch.optim.Adam (and their state dicts interchangeable),
+NumpyPolicy against ActorCritic.act, channels-last rollout frames against indexing; a whole first update with
+algo.fast on and off; and SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling against
+torch.multinomial."""
 
 import gymnasium as gym
 import numpy as np
@@ -8,14 +10,17 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from rlrun.algos.flat_adam import FlatAdam
-from rlrun.algos.ppo import PPOLearner
-from rlrun.buffers.rollout import Rollout, take_rows
-from rlrun.config import EnvConfig, ModelConfig, PPOConfig
-from rlrun.envs import SyncEnvs, make_env
+from rlrun.algos.ppo import PPO, PPOConfig, PPOLearner
+from rlrun.algos.protocol import EnvSpec
+from rlrun.buffers.rollout import take_rows
+from rlrun.config import AtariConfig, EnvConfig, ModelConfig
+from rlrun.envs import SyncEnvs, env_seeds, make_env
+from rlrun.fast import accelerate
+from rlrun.fast.flat_adam import FlatAdam
+from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
+from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.models import build_actor_critic
 from rlrun.models import distributions as D
-from rlrun.models.numpy_policy import NumpyPolicy
 
 OBS = gym.spaces.Box(-1, 1, (5,))
 
@@ -43,9 +48,7 @@ def minibatch(model, n: int = 96) -> dict:
 
 
 def loss_and_grads(model, cfg: PPOConfig, batch: dict, fused: bool) -> tuple[torch.Tensor, torch.Tensor, list]:
-    learner = PPOLearner(model, cfg)
-    if not fused:
-        learner.fused = None  # the plain path: autograd through ActorCritic.evaluate and the loss functions
+    learner = (FusedPPOLearner if fused else PPOLearner)(model, cfg)
     model.zero_grad()
     loss, stats = learner(**batch)
     (2.5 * loss).backward()  # an upstream gradient other than 1 must scale every parameter's
@@ -64,7 +67,7 @@ def loss_and_grads(model, cfg: PPOConfig, batch: dict, fused: bool) -> tuple[tor
 def test_fused_loss_and_gradients_equal_autograd(discrete, activation, hidden_sizes, clip_vloss):
     model = actor_critic(discrete, activation, hidden_sizes)
     cfg = PPOConfig(clip_vloss=clip_vloss, ent_coef=0.05)
-    assert PPOLearner(model, cfg).fused is not None
+    assert fusable(model)
     batch = minibatch(model)
     loss, stats, grads = loss_and_grads(model, cfg, batch, fused=True)
     ref_loss, ref_stats, ref_grads = loss_and_grads(model, cfg, batch, fused=False)
@@ -76,58 +79,59 @@ def test_fused_loss_and_gradients_equal_autograd(discrete, activation, hidden_si
         torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6)
 
 
-def test_a_shared_encoder_takes_the_autograd_path():
-    model = build_actor_critic(ModelConfig(shared=True), OBS, gym.spaces.Discrete(3))
-    assert PPOLearner(model, PPOConfig()).fused is None
+def test_a_shared_encoder_keeps_the_reference_loss():
+    spec = EnvSpec(OBS, gym.spaces.Discrete(3))
+    algo = PPO(PPOConfig(), ModelConfig(shared=True), spec, torch.device("cpu"))
+    applied = accelerate(algo, SyncEnvs([make_env(EnvConfig(), train=True)]))
+    assert "fused PPO loss" not in applied and type(algo.learner) is PPOLearner and "flat Adam" in applied
 
 
-def test_flat_adam_follows_torch_adam_and_resumes_from_its_state():
+def test_flat_adam_follows_torch_adam_and_their_states_interchange():
     torch.manual_seed(0)
     ours = [torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5))]
     ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     flat, adam = FlatAdam(ours, lr=1e-2, eps=1e-5), torch.optim.Adam(ref, lr=1e-2, eps=1e-5)
     for step in range(30):
-        if step == 15:  # resume: a fresh FlatAdam from the state dict carries on identically
-            state = flat.state_dict()
-            flat = FlatAdam(ours, lr=1e-2, eps=1e-5)
-            flat.load_state_dict(state)
+        if step == 10:  # resume each from the other's state: the formats are one
+            flat_state, adam_state = flat.state_dict(), adam.state_dict()
+            flat, adam = FlatAdam(ours, lr=1.0, eps=1e-5), torch.optim.Adam(ref, lr=1.0, eps=1e-5)
+            flat.load_state_dict(adam_state)
+            adam.load_state_dict(flat_state)
         grads = [10 * torch.randn(3, 4), torch.randn(5)]  # norms above and below the clip
         flat.zero_grad()
-        for p, g in zip(ours, grads):
+        adam.zero_grad()
+        for p, q, g in zip(ours, ref, grads):
             p.grad += g
-        for p, g in zip(ref, grads):
-            p.grad = g.clone()
-        norm = flat.clip_grad_norm(5.0)
+            q.grad = g.clone()
+        norm = torch.nn.utils.clip_grad_norm_(ours, 5.0)  # on the flat buffer's views, as the algorithms do
         torch.testing.assert_close(norm, torch.nn.utils.clip_grad_norm_(ref, 5.0))
-        lr = 1e-2 * (1 - step / 30)
-        flat.step(lr)
-        adam.param_groups[0]["lr"] = lr
+        for group in flat.param_groups + adam.param_groups:
+            group["lr"] = 1e-2 * (1 - step / 30)
+        flat.step()
         adam.step()
     for p, q in zip(ours, ref):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="parameters"):
-        FlatAdam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3, eps=1e-5).load_state_dict(state)
+        FlatAdam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3, eps=1e-5).load_state_dict(flat_state)
 
 
 @pytest.mark.parametrize("discrete", [True, False])
 def test_numpy_policy_acts_as_the_torch_model(discrete):
     model = actor_critic(discrete)
-    FlatAdam(list(model.parameters()), lr=1e-3, eps=1e-5)  # as PPO builds it: parameters are buffer views
+    FlatAdam(list(model.parameters()), lr=1e-3, eps=1e-5)  # as accelerated: parameters are buffer views
     policy = NumpyPolicy(model)
     obs = torch.randn(64, 5)
     torch.manual_seed(3)
     with torch.no_grad():
-        actions, log_probs, values = model.act(obs)
+        expected = model.act(obs)
     torch.manual_seed(3)  # the same noise: numpy acting draws it from torch's generator in the same order
-    np_actions, np_log_probs, np_values = policy.act(obs.numpy())
-    np.testing.assert_allclose(np_actions, actions.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np_log_probs, log_probs.numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np_values, values.numpy(), rtol=1e-5, atol=1e-5)
+    for ours, ref in zip(policy.act(obs), expected, strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # it reads the live parameters: an update shows without rebuilding it
         for p in model.parameters():
             p.add_(0.1)
         values = model.value(obs)
-    np.testing.assert_allclose(policy.act(obs.numpy())[2], values.numpy(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(policy.value(obs), values, rtol=1e-5, atol=1e-5)
 
 
 def test_gumbel_max_sampling_draws_what_multinomial_draws():
@@ -164,10 +168,15 @@ def test_sync_envs_step_as_gymnasium_sync_vector_env():
     ref.close()
 
 
-def test_rollout_frames_are_channels_last_and_gather_as_indexing_does():
-    r = Rollout(5, 3, (4, 6, 7), torch.uint8, (), torch.long, torch.device("cpu"))
-    r.obs.copy_(torch.randint(0, 255, r.obs.shape, dtype=torch.uint8))
-    frames = r.obs.flatten(0, 1)  # [T * N, C, H, W] as the update reads it: a view, channels-last
+def test_channels_last_rollout_frames_gather_as_indexing_does():
+    cfg = EnvConfig(id="ALE/Breakout-v5", num_envs=3, atari=AtariConfig())
+    envs = SyncEnvs([make_env(cfg, train=True) for _ in range(3)])
+    cnn = ModelConfig(name="nature_cnn", hidden_sizes=[32], activation="relu", shared=True)
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 3, 4)
+    algo = PPO(PPOConfig(num_steps=5), cnn, spec, torch.device("cpu"))
+    assert "channels-last frames" in accelerate(algo, envs)
+    algo.rollout.obs.copy_(torch.randint(0, 255, algo.rollout.obs.shape, dtype=torch.uint8))
+    frames = algo.rollout.obs.flatten(0, 1)  # [T * N, C, H, W] as the update reads it: a view, channels-last
     assert frames.is_contiguous(memory_format=torch.channels_last) and not frames.is_contiguous()
     perm = torch.randperm(15)
     taken = take_rows(frames, perm)
@@ -175,3 +184,29 @@ def test_rollout_frames_are_channels_last_and_gather_as_indexing_does():
     assert taken.is_contiguous(memory_format=torch.channels_last)
     vectors = torch.randn(15, 3)
     assert torch.equal(take_rows(vectors, perm), vectors[perm])
+    envs.close()
+
+
+def first_update(fast: bool) -> tuple[list[torch.Tensor], list[str]]:
+    """The parameters after one collect and one update of the default CartPole PPO (its tuned settings) from
+    seed 1, accelerated as training does when `fast`; and the accelerations that applied."""
+    cfg = PPOConfig(lr=1e-3, num_steps=32, gamma=0.98, gae_lambda=0.8, num_minibatches=1, update_epochs=10, fast=fast)
+    envs = SyncEnvs([make_env(EnvConfig(), train=True) for _ in range(8)])
+    torch.manual_seed(1)
+    algo = PPO(
+        cfg, ModelConfig(), EnvSpec(envs.single_observation_space, envs.single_action_space, 8), torch.device("cpu")
+    )
+    applied = accelerate(algo, envs)
+    algo.start(envs.reset(seed=env_seeds(1, 0, 8))[0])
+    algo.collect(envs)
+    algo.update(progress=0.0)
+    envs.close()
+    return [p.detach().clone() for p in algo.model.parameters()], applied
+
+
+def test_first_update_with_and_without_accelerations_agree():
+    fast, applied = first_update(True)
+    ref, none = first_update(False)
+    assert applied == ["fused PPO loss", "flat Adam", "numpy acting"] and none == []
+    for a, b in zip(fast, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

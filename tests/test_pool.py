@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from rlrun.algos.ppo import PPO
-from rlrun.config import AtariConfig, EnvConfig, ModelConfig, PPOConfig, VectorConfig
+from rlrun.algos.ppo import PPO, PPOConfig
+from rlrun.algos.protocol import EnvSpec
+from rlrun.config import AtariConfig, EnvConfig, ModelConfig, VectorConfig
 from rlrun.envs import make_env, make_vector_env
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerPool
 from tests.conftest import cli_env, rlrun
@@ -78,16 +79,10 @@ def test_double_buffered_collect_keeps_the_rollout_layout():
     cfg = pool_cfg(num_workers=2, double_buffer=True)
     pool = make_vector_env(cfg, 4)
     torch.manual_seed(0)
-    algo = PPO(
-        PPOConfig(num_steps=64),
-        ModelConfig(),
-        pool.single_observation_space,
-        pool.single_action_space,
-        4,
-        torch.device("cpu"),
-    )
+    spec = EnvSpec(pool.single_observation_space, pool.single_action_space, 4)
+    algo = PPO(PPOConfig(num_steps=64), ModelConfig(), spec, torch.device("cpu"))
     seeds = [1, 2, 3, 4]
-    algo.next_obs, _ = pool.reset(seed=seeds)
+    algo.start(pool.reset(seed=seeds)[0])
     try:
         assert len(pool.groups) == 2
         algo.collect(pool)

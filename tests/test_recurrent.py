@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from rlrun.algos.ppo import PPO
-from rlrun.config import EnvConfig, ModelConfig, PPOConfig
+from rlrun.algos.ppo import PPO, PPOConfig
+from rlrun.algos.protocol import EnvSpec
+from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
 from rlrun.envs.masked import MASKED_CARTPOLE
 from rlrun.models import RecurrentActorCritic
@@ -112,8 +113,9 @@ def recurrent_ppo(name: str, num_envs: int = 4, **algo) -> tuple[PPO, RecordingE
     torch.manual_seed(0)
     model_cfg = ModelConfig(name=name, hidden_sizes=[16], shared=True, core_size=8)
     cfg = PPOConfig(num_steps=32, **algo)
-    ppo = PPO(cfg, model_cfg, envs.single_observation_space, envs.single_action_space, num_envs, torch.device("cpu"))
-    ppo.next_obs, _ = envs.reset(seed=env_seeds(0, 0, num_envs))
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, num_envs)
+    ppo = PPO(cfg, model_cfg, spec, torch.device("cpu"))
+    ppo.start(envs.reset(seed=env_seeds(0, 0, num_envs))[0])
     return ppo, envs
 
 

@@ -105,6 +105,7 @@ def test_optuna_sweeper_runs_trials_and_maximizes_the_returned_eval(tmp_path):
     assert best == max(s["eval_return_mean"] for s in runs.values())
 
 
+@pytest.mark.slow  # `rlrun report` in a real process
 def test_report_bad_input(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -133,6 +134,7 @@ def test_report_bad_input(tmp_path):
     assert (tmp_path / "runs" / "report.md").exists() and "algo.lr=0.1" in out.stdout
 
 
+@pytest.mark.slow  # `rlrun report` in a real process
 def test_report_on_a_sweep_still_running(tmp_path):
     """A job without a summary yet counts as running; its partial learning curve is drawn."""
     done, running = tmp_path / "0", tmp_path / "1"

@@ -170,3 +170,12 @@ def test_resume_from_an_older_checkpoint_continues_in_a_new_run_folder(tmp_path)
     out = rlrun("train", f"resume={branch}", "total_steps=8192", cwd=tmp_path)  # the branch's newest: in place
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((branch / "summary.json").read_text())["env_steps"] == 8192
+
+
+@pytest.mark.timeout(300)
+def test_the_reference_alone_solves_cartpole(tmp_path):
+    # algo.fast=false: rlrun/algos/ppo.py as written (autograd, torch.optim.Adam, torch acting), nothing swapped.
+    # The default run (accelerated) solves it too: test_default_run_solves_cartpole_then_plays.
+    run = train(tmp_path, "run", "algo.fast=false", "logging.progress=plain")
+    assert "accelerations: none" in (run / "train.log").read_text()
+    assert json.loads((run / "summary.json").read_text())["eval_return_mean"] >= 475

@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from rlrun.algos.normalize import RunningMoments
-from rlrun.algos.ppo import PPO
-from rlrun.config import AtariConfig, EnvConfig, ModelConfig, PPOConfig, VectorConfig
+from rlrun.algos.ppo import PPO, PPOConfig
+from rlrun.algos.protocol import EnvSpec
+from rlrun.config import AtariConfig, EnvConfig, ModelConfig, VectorConfig
 from rlrun.envs import make_vector_env
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerPool
+from rlrun.fast import accelerate
 from tests.conftest import rlrun
 from tests.test_distributed import train as train_two_ranks
 from tests.test_pool import Faulty, assert_reaped
@@ -29,11 +31,20 @@ SEEDS = [1, 2, 3, 4]
 
 
 def ppo_on(pool, model: ModelConfig | None = None, seed=0, num_steps: int = 16, **ppo) -> PPO:
-    """PPO (the default MLP unless `model`) for the envs of `pool`, starting from their reset with `seed`."""
-    space, cpu, model = pool.single_observation_space, torch.device("cpu"), model or ModelConfig()
-    algo = PPO(PPOConfig(num_steps=num_steps, **ppo), model, space, pool.single_action_space, pool.num_envs, cpu)
-    algo.next_obs, _ = pool.reset(seed=seed)
+    """PPO (the default MLP unless `model`) for the envs of `pool`, accelerated as training does, starting
+    from their reset with `seed`; `algo.accelerations` names what applied."""
+    spec = EnvSpec(pool.single_observation_space, pool.single_action_space, pool.num_envs)
+    algo = PPO(PPOConfig(num_steps=num_steps, **ppo), model or ModelConfig(), spec, torch.device("cpu"))
+    algo.accelerations = accelerate(algo, pool)
+    algo.start(pool.reset(seed=seed)[0])
     return algo
+
+
+def sampling_noise(algo: PPO) -> torch.Tensor:
+    """The noise the rank draws for its workers' rollout: Exp(1) per action (Gumbel-max) or N(0, 1) per action
+    dimension, for every step and env."""
+    noise = torch.empty(*algo.rollout.values.shape, algo.model.policy_head.out_features)
+    return noise.exponential_() if algo.model.discrete else noise.normal_()
 
 
 class RewardScale:
@@ -107,16 +118,16 @@ def test_workers_act_with_the_ranks_noise_and_current_weights(case):
         for rollout in range(2):  # the second after an update: the workers must act with the new weights
             torch.manual_seed(rollout)
             episodes = algo.collect(pool)
-            assert algo.worker_acting is not None
+            assert "acting in env workers" in algo.accelerations
             torch.manual_seed(rollout)
-            noise = algo.model.sampling_noise(*algo.rollout.values.shape)
+            noise = sampling_noise(algo)
             with torch.no_grad():
                 obs, returns = check_rollout(algo, replay, obs, noise, scale)
             np.testing.assert_array_equal(algo.next_obs, obs)
             assert episodes["episode_returns"].tolist() == returns and returns
-            before = algo.optimizer.params.clone()
+            before = torch.nn.utils.parameters_to_vector(algo.model.parameters())
             algo.update(progress=0.0)
-            assert not torch.equal(before, algo.optimizer.params)
+            assert not torch.equal(before, torch.nn.utils.parameters_to_vector(algo.model.parameters()))
     finally:
         replay.close()
         assert_reaped(pool)
@@ -131,7 +142,7 @@ def test_rank_acts_when_told_or_when_it_normalizes_observations(change):
     obs, _ = replay.reset(seed=SEEDS)
     try:
         algo.collect(pool)
-        assert algo.worker_acting is None
+        assert "acting in env workers" not in algo.accelerations
         if not algo.cfg.normalize_obs:  # (normalized, the rollout holds what the policy saw)
             with torch.no_grad():
                 check_rollout(algo, replay, obs, noise=None)

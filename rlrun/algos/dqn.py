@@ -1,12 +1,14 @@
 """Deep Q-learning (Mnih et al. 2015) as double DQN (van Hasselt et al. 2016): a target network synced by copy
 or Polyak averaging, n-step returns, MSE or Huber loss, linearly decayed epsilon-greedy exploration, optional dueling
-head, and uniform or prioritized replay whose shards across ranks sample as one buffer (rlrun/buffers/replay.py)."""
+head, and uniform or prioritized replay whose shards across ranks sample as one buffer (rlrun/buffers/replay.py).
+This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in a faster optimizer."""
 
 from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -14,15 +16,98 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from rlrun.algos.flat_adam import FlatAdam
-from rlrun.buffers.replay import ONE_SHARD, ReplayBuffer, Shards
-from rlrun.config import DQNConfig, ModelConfig
+from rlrun.algos.protocol import EnvSpec, Reductions, episodes_of
+from rlrun.buffers.replay import ReplayBuffer
+from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
 from rlrun.envs import finished_episodes
 from rlrun.errors import UserError
 from rlrun.models.encoders import observation_dtype
 from rlrun.models.q_network import QNetwork
 
 log = logging.getLogger("rlrun")
+
+
+@dataclass
+class ReplayConfig:
+    prioritized: bool = False  # proportional prioritized replay (Schaul et al. 2016); false: uniform
+    alpha: float = 0.6  # priority exponent
+    beta_start: float = 0.4  # importance-weight exponent, annealed linearly to 1 over training
+    priority_eps: float = 1e-6  # added to |TD error|
+    checkpoint: bool = False  # each rank writes its shard beside every checkpoint (large) and resume restores it
+
+
+@dataclass
+class DQNConfig:
+    """Double DQN (van Hasselt et al. 2016) with n-step returns, optional dueling head and prioritized replay.
+    Names follow CleanRL's dqn.py / SB3. Sizes are per rank; counts of env steps are global."""
+
+    name: str = "dqn"
+    lr: float = 1e-4
+    buffer_size: int = 1_000_000  # transitions per rank
+    learning_starts: int = 80_000  # transitions in the replay (all ranks) before updates begin
+    batch_size: int = 32  # per rank: the global batch is ranks x batch_size
+    gamma: float = 0.99
+    n_step: int = 1
+    train_freq: int = 4  # vector-env steps per rank between training phases (one iteration)
+    gradient_steps: int = 1  # updates per training phase
+    target_update_interval: int = 1000  # updates between target-network syncs
+    tau: float = 1.0  # 1: copy; < 1: Polyak averaging at each sync
+    double_q: bool = True
+    dueling: bool = False
+    start_e: float = 1.0
+    end_e: float = 0.01
+    exploration_fraction: float = 0.1  # of total_steps, over which epsilon decays linearly
+    max_grad_norm: float = 10.0
+    adam_eps: float = 1e-8
+    # mse (CleanRL's dqn.py and dqn_atari.py) | huber (SB3; Atari with clipped rewards): Huber diverges on
+    # unclipped rewards such as CartPole's
+    loss: str = "mse"
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    fast: bool = True  # the accelerations of rlrun/fast/ where they apply (false runs this file's code only)
+
+    def validate(self, run: TrainConfig) -> None:
+        """Range and consistency checks against the whole run's config; UserError with one line."""
+        world_size = run.distributed.nproc_per_node * run.distributed.nnodes
+        check(
+            run.model.name not in RECURRENT_MODELS,
+            f"model={run.model.name} trains with algo=ppo; algo=dqn takes model=mlp or nature_cnn",
+        )
+        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
+        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
+        check(self.batch_size >= 1, f"algo.batch_size={self.batch_size}: must be >= 1")
+        check(self.n_step >= 1, f"algo.n_step={self.n_step}: must be >= 1")
+        check(self.train_freq >= 1, f"algo.train_freq={self.train_freq}: must be >= 1")
+        check(self.gradient_steps >= 0, f"algo.gradient_steps={self.gradient_steps}: must be >= 0")
+        check(
+            self.target_update_interval >= 1, f"algo.target_update_interval={self.target_update_interval}: must be >= 1"
+        )
+        check(0 < self.tau <= 1, f"algo.tau={self.tau}: must be in (0, 1]")
+        check(self.learning_starts >= 0, f"algo.learning_starts={self.learning_starts}: must be >= 0")
+        for key in ("start_e", "end_e"):
+            check(0 <= getattr(self, key) <= 1, f"algo.{key}={getattr(self, key)}: must be in [0, 1]")
+        check(
+            0 < self.exploration_fraction <= 1,
+            f"algo.exploration_fraction={self.exploration_fraction}: must be in (0, 1]",
+        )
+        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
+        check(self.loss in ("mse", "huber"), f"algo.loss={self.loss}: accepted are mse, huber")
+        r = self.replay
+        check(r.alpha > 0, f"algo.replay.alpha={r.alpha}: must be > 0")
+        check(0 <= r.beta_start <= 1, f"algo.replay.beta_start={r.beta_start}: must be in [0, 1]")
+        check(r.priority_eps > 0, f"algo.replay.priority_eps={r.priority_eps}: must be > 0")
+        check(self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size}: must be >= 1")
+        ranks = f" x {world_size} ranks" if world_size > 1 else ""
+        check(
+            self.learning_starts <= self.buffer_size * world_size,
+            f"algo.learning_starts={self.learning_starts} exceeds what the replay can hold (algo.buffer_size{ranks} = "
+            f"{self.buffer_size * world_size}): updates would never start",
+        )
+        iteration = self.train_freq * run.env.num_envs * world_size
+        check(
+            run.total_steps >= iteration,
+            f"total_steps={run.total_steps} is less than one iteration (algo.train_freq x env.num_envs"
+            f"{' x ranks' if world_size > 1 else ''} = {iteration})",
+        )
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -49,7 +134,7 @@ def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 def td_loss(q: Tensor, targets: Tensor, kind: str) -> Tensor:
     """Per-item TD loss [B]: "mse" (Q - y)^2 (CleanRL's dqn.py and dqn_atari.py), or "huber" with delta 1
     (SB3; Mnih et al. 2015's error clipping). Huber caps each item's pull at 1: with unclipped rewards the few
-    terminal items can then no longer hold Q down, and Q runs away (measured on CartPole); it suits Atari's
+    terminal items can then no longer hold Q down, and Q runs away (as on CartPole); it suits Atari's
     clipped rewards."""
     if kind == "huber":
         return F.huber_loss(q, targets, reduction="none")
@@ -77,17 +162,14 @@ class DQN:
     """Collects train_freq vector steps into this rank's replay shard, then runs gradient_steps updates on
     global batches drawn across all shards. Knows nothing of ranks beyond its shard's index and gather."""
 
-    def __init__(
-        self,
-        cfg: DQNConfig,
-        model_cfg: ModelConfig,
-        obs_space: gym.spaces.Box,
-        action_space: gym.Space,
-        num_envs: int,
-        device: torch.device,
-        shards: Shards = ONE_SHARD,
-        frame_stack: int = 1,
-    ):
+    def __init__(self, cfg: DQNConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+        reductions = reductions or Reductions()
+        obs_space, action_space, num_envs, shards = (
+            spec.observation_space,
+            spec.action_space,
+            spec.num_envs,
+            reductions.shards,
+        )
         if not isinstance(action_space, gym.spaces.Discrete):
             raise UserError(f"algo=dqn needs a discrete action space; this env has {action_space}")
         self.cfg = cfg
@@ -97,7 +179,8 @@ class DQN:
         self.model = QNetwork(model_cfg, obs_space, action_space, cfg.dueling).to(device)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size, cfg.loss)
-        self.optimizer = FlatAdam(list(self.model.parameters()), cfg.lr, cfg.adam_eps)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
         self.num_actions = int(action_space.n)
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
         # np.zeros storage: pages are only allocated as the replay fills (play never fills it).
@@ -106,7 +189,7 @@ class DQN:
             num_envs,
             obs_space.shape,
             np.uint8 if self.obs_dtype == torch.uint8 else np.float32,
-            frame_stack,
+            spec.frame_stack,
             n_step=cfg.n_step,
             gamma=cfg.gamma,
             alpha=cfg.replay.alpha if cfg.replay.prioritized else None,
@@ -123,6 +206,12 @@ class DQN:
     @property
     def steps_per_collect(self) -> int:
         return self.cfg.train_freq * self.num_envs
+
+    def wrap_learner(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
+        self.learner = wrap(self.learner)
+
+    def start(self, obs: np.ndarray) -> None:
+        self.next_obs = obs
 
     @property
     def update_shape(self) -> tuple[int, int, int]:
@@ -153,16 +242,15 @@ class DQN:
                 episodes.append((returns[ended], lengths[ended]))
             obs = next_obs
         self.next_obs = obs
-        return {
-            "episode_returns": np.concatenate([e[0] for e in episodes] or [np.zeros(0)]),
-            "episode_lengths": np.concatenate([e[1] for e in episodes] or [np.zeros(0, dtype=np.int64)]),
-        }
+        return episodes_of(episodes)
 
     def update(self, progress: float) -> dict[str, float]:
         """gradient_steps updates, each on one global batch (ranks x batch_size items) drawn across the shards.
         Nothing happens until the shards hold learning_starts items together (the same decision on all ranks:
         it reads gathered numbers)."""
         c, replay = self.cfg, self.replay
+        for group in self.optimizer.param_groups:  # the configured rate, also after a resume that changed it
+            group["lr"] = c.lr
         beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
         losses, q_sum = [], 0.0
         shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
@@ -221,7 +309,7 @@ class DQN:
         loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, weights)
         self.optimizer.zero_grad()
         loss.backward()
-        self.optimizer.clip_grad_norm(c.max_grad_norm)
+        self.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
         self.optimizer.step()
         replay.update_priorities(items, td_abs.cpu().numpy())
         self.updates += 1
@@ -254,10 +342,10 @@ class DQN:
         self.shard_rng.set_state(state["shard_rng"])
         self.replay.max_priority = state["max_priority"]
 
-    def cursor_state(self) -> dict:
+    def rank_state(self) -> dict:
         return {"next_obs": torch.from_numpy(np.array(self.next_obs))}
 
-    def load_cursor_state(self, state: dict) -> None:
+    def load_rank_state(self, state: dict) -> None:
         self.next_obs = state["next_obs"].numpy().copy()
 
     def shard_state(self) -> dict | None:

@@ -2,28 +2,95 @@
 ("The 37 implementation details of PPO"): GAE, clipped surrogate and value loss, entropy bonus, advantage
 normalization, global grad-norm clipping, linear LR annealing, optional target-KL stop and normalization.
 Recurrent policies (the LSTM details there; CleanRL's ppo_atari_lstm.py) carry their state across rollouts and
-train on whole env sequences with the state reset where episodes start, without padding or chunking."""
+train on whole env sequences with the state reset where episodes start, without padding or chunking.
+
+This is the reference: plain torch, autograd, torch.optim.Adam, the policy acting in the rank. It is what
+`algo.fast=false` runs end to end. With `algo.fast=true` (the default), rlrun/fast/ swaps some of its parts
+(`learner`, `optimizer` and `clip_grad_norm_`, `policy`, `collect_steps`) for faster ones with the same signatures;
+rlrun/fast/__init__.py says which and why.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.flat_adam import FlatAdam
-from rlrun.algos.fused_ppo import FusedPPOLoss
-from rlrun.algos.normalize import MeanAll, RunningMoments, identity, normalize_advantages
+from rlrun.algos.normalize import RunningMoments, normalize_advantages
+from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
-from rlrun.algos.worker_acting import WorkerActing, can_act_in_workers
 from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
-from rlrun.config import ModelConfig, PPOConfig
+from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
 from rlrun.envs import finished_episodes
-from rlrun.models import ActorCritic, RecurrentActorCritic, build_actor_critic
+from rlrun.models import RecurrentActorCritic, build_actor_critic
 from rlrun.models.encoders import observation_dtype
-from rlrun.models.numpy_policy import NumpyPolicy
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters (names follow CleanRL's ppo.py). Sizes are per rank."""
+
+    name: str = "ppo"
+    lr: float = 2.5e-4
+    anneal_lr: bool = True  # linear decay to 0 over total_steps
+    num_steps: int = 128  # rollout length per env
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    target_kl: float | None = None  # stop the epochs of an update once approx KL exceeds this
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+    clip_obs: float = 10.0  # after normalization
+    adam_eps: float = 1e-5
+    # The accelerations of rlrun/fast/ where they apply (same algorithm; false runs this file's code only).
+    fast: bool = True
+    # With fast and env.vector.backend=subproc, each env worker acts for its own envs with a copy of the policy,
+    # instead of the rank acting for all of them: on CPU, for feedforward policies without normalize_obs, and
+    # unless env.vector.double_buffer is on. The runs differ from rank-acting ones only in the samples.
+    act_in_workers: bool = True
+
+    def validate(self, run: TrainConfig) -> None:
+        """Range and consistency checks against the whole run's config; UserError with one line."""
+        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
+        check(self.num_steps >= 1, f"algo.num_steps={self.num_steps}: must be >= 1")
+        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
+        check(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda}: must be in [0, 1]")
+        check(self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs}: must be >= 1")
+        check(self.clip_coef > 0, f"algo.clip_coef={self.clip_coef}: must be > 0")
+        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
+        check(self.target_kl is None or self.target_kl > 0, f"algo.target_kl={self.target_kl}: must be > 0 or null")
+        num_envs, world_size = run.env.num_envs, run.distributed.nproc_per_node * run.distributed.nnodes
+        batch = self.num_steps * num_envs
+        check(
+            self.num_minibatches >= 1 and batch % self.num_minibatches == 0,
+            f"algo.num_minibatches={self.num_minibatches} must divide the batch of "
+            f"algo.num_steps x env.num_envs = {self.num_steps} x {num_envs} = {batch}",
+        )
+        ranks = f" x {world_size} ranks" if world_size > 1 else ""
+        check(
+            run.total_steps >= batch * world_size,
+            f"total_steps={run.total_steps} is less than one rollout (algo.num_steps x env.num_envs{ranks} = "
+            f"{batch * world_size}); raise total_steps or shrink the rollout",
+        )
+        if run.model.name in RECURRENT_MODELS:
+            check(
+                num_envs % self.num_minibatches == 0,
+                f"algo.num_minibatches={self.num_minibatches} must divide env.num_envs={num_envs} for "
+                f"model={run.model.name} (its minibatches are whole env sequences)",
+            )
 
 
 def clipped_surrogate_loss(log_ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
@@ -47,16 +114,12 @@ STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 class PPOLearner(nn.Module):
     """The loss module: forward(minibatch) -> (loss, stats [len(STATS)]). Under DDP this is the wrapped
-    module, so that its forward is where gradients get synchronized. A feedforward MLP actor-critic takes the
-    fused path (FusedPPOLoss: the same loss with its gradient by hand); a change to the loss below must be
-    made there too, where tests/test_fast_paths.py checks the two agree."""
+    module, so that its forward is where gradients get synchronized."""
 
-    def __init__(self, model: nn.Module, cfg: PPOConfig, mean_all: MeanAll = identity):
+    def __init__(self, model: nn.Module, cfg: PPOConfig):
         super().__init__()
         self.model = model
         self.cfg = cfg
-        self.mean_all = mean_all
-        self.fused = model.fused_params() if isinstance(model, ActorCritic) else None
 
     def forward(
         self,
@@ -68,16 +131,10 @@ class PPOLearner(nn.Module):
         old_values: Tensor,
         **memory: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        """The PPO loss of a minibatch of steps [B, ...]; for a recurrent model, of env sequences [T, B, ...]
-        with `memory` = their initial `state` [B, S] and episode `starts` [T, B]."""
+        """The PPO loss of a minibatch of steps [B, ...] (advantages normalized if configured); for a recurrent
+        model, of env sequences [T, B, ...] with `memory` = their initial `state` [B, S] and episode `starts`
+        [T, B]."""
         c = self.cfg
-        if c.norm_adv:
-            advantages = normalize_advantages(advantages, self.mean_all)
-        if self.fused is not None:
-            m = self.model
-            return FusedPPOLoss.apply(
-                c, m.trunk.relu, m.discrete, obs, actions, old_log_probs, advantages, returns, old_values, *self.fused
-            )
         log_probs, entropy, values = self.model.evaluate(obs, actions, **memory)
         log_ratio = log_probs - old_log_probs
         pg_loss = clipped_surrogate_loss(log_ratio, advantages, c.clip_coef)
@@ -98,40 +155,88 @@ class PPOLearner(nn.Module):
         return loss, stats
 
 
-_STEP_FIELDS = ("obs", "actions", "log_probs", "values")  # what acting stores per step, as Rollout names them
+# The rollout step, in two halves so that a double-buffered vector env can step one group of envs while the
+# policy acts for the other. Every collector runs these: the rank's loop below and the env workers' loop
+# (rlrun/fast/worker_acting.py). `out` holds the rollout's arrays under Rollout's names, [T, N, ...]: the rank's
+# Rollout, or a worker's rows of the arrays it shares with the rank.
+
+_ENV_ROWS = ("rewards_np", "terminated_np", "truncated_np")  # numpy views of the rollout's CPU tensors
+# (obs [n, ...], t, envs) -> action, log-prob, value; and (final obs [k, ...], their env indices) -> V [k]
+Act = Callable[[Tensor, int, slice], tuple[Tensor, Tensor, Tensor]]
+ValueOf = Callable[[np.ndarray, np.ndarray], Tensor]
+
+
+def act_step(act: Act, obs: Tensor, t: int, envs: slice, out: Any) -> Tensor:
+    """Act on the observations `obs` of the envs `envs` at rollout step t, storing obs, action, log-prob and
+    value in row t of `out`; returns the actions."""
+    action, log_prob, value = act(obs, t, envs)
+    out.obs[t, envs] = obs
+    out.actions[t, envs] = action
+    out.log_probs[t, envs] = log_prob
+    out.values[t, envs] = value
+    return action
+
+
+def observe_step(value_of: ValueOf, result: tuple, t: int, envs: slice, out: Any) -> tuple[np.ndarray, Episodes]:
+    """Store what the envs `envs` returned for rollout step t: rewards and flags, and where an episode was
+    truncated, V of its final observation (in next_values), which the return bootstraps from (a terminated
+    episode does not bootstrap). Returns the envs' next observations and the episodes that ended."""
+    obs, reward, terminated, truncated, info = result
+    out.rewards_np[t, envs] = reward
+    out.terminated_np[t, envs] = terminated
+    out.truncated_np[t, envs] = truncated
+    cut = np.flatnonzero(truncated)
+    if len(cut):  # the autoreset replaced the final observation; gymnasium keeps it in the info
+        out.next_values[t, envs.start + cut] = value_of(np.stack(info["final_obs"][cut]), envs.start + cut)
+    ended, returns, lengths = finished_episodes(info, len(reward))
+    return obs, (returns[ended], lengths[ended])
+
+
+CollectSteps = Callable[[VectorEnv, np.ndarray], tuple[np.ndarray, list[Episodes]]]
+
+
+class _StepRows:
+    """One rollout tensor [T, N, ...] as act_step writes it on the rank: each step's rows are kept as they come
+    and written in one copy per group of envs when the rollout ends (a copy per step and field costs more than
+    acting does for a few envs)."""
+
+    def __init__(self, target: Tensor):
+        self.target, self.rows = target, {}
+
+    def __setitem__(self, index: tuple[int, slice], value: Tensor) -> None:
+        _, envs = index  # steps come in order, each group's at every step
+        self.rows.setdefault((envs.start, envs.stop), []).append(value)
+
+    def flush(self) -> None:
+        for (start, stop), values in self.rows.items():
+            self.target[:, start:stop] = torch.stack(values)
+        self.rows.clear()
 
 
 class PPO:
     """Collects rollouts from a vector env and updates the actor-critic. Knows nothing of ranks: cross-rank
-    statistics go through `mean_all`, and the caller may wrap `learner` in DDP."""
+    statistics go through `reductions.mean_all`, and the caller wraps `learner` (wrap_learner) in DDP."""
 
-    def __init__(
-        self,
-        cfg: PPOConfig,
-        model_cfg: ModelConfig,
-        obs_space: gym.spaces.Box,
-        action_space: gym.Space,
-        num_envs: int,
-        device: torch.device,
-        mean_all: MeanAll = identity,
-    ):
+    def __init__(self, cfg: PPOConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+        reductions = reductions or Reductions()
+        obs_space, action_space = spec.observation_space, spec.action_space
         self.cfg = cfg
         self.device = device
-        self.mean_all = mean_all
-        self.num_envs = num_envs
+        self.mean_all = reductions.mean_all
+        self.num_envs = spec.num_envs
         self.model_spec = (model_cfg, obs_space, action_space)  # what env workers build their copies from
         self.model = build_actor_critic(model_cfg, obs_space, action_space).to(device)
         self.recurrent = isinstance(self.model, RecurrentActorCritic)
-        self.learner: nn.Module = PPOLearner(self.model, cfg, mean_all)
-        self.optimizer = FlatAdam(list(self.model.parameters()), cfg.lr, cfg.adam_eps)
-        # Acting on CPU goes through numpy where it can (the fused MLP): after FlatAdam, whose buffer it views.
-        cpu_mlp = device.type == "cpu" and self.learner.fused is not None
-        self.numpy_policy = NumpyPolicy(self.model) if cpu_mlp else None
+        self.learner: nn.Module = PPOLearner(self.model, cfg)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
+        self.policy: nn.Module = self.model  # what acts while collecting: .act(obs), .value(obs) (feedforward)
+        self.collect_steps: CollectSteps = self._act_and_step
         discrete = isinstance(action_space, gym.spaces.Discrete)
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
         self.rollout = Rollout(
             cfg.num_steps,
-            num_envs,
+            spec.num_envs,
             obs_space.shape,
             torch.float32 if cfg.normalize_obs else self.obs_dtype,
             () if discrete else action_space.shape,
@@ -139,19 +244,31 @@ class PPO:
             device,
             self.model.state_size if self.recurrent else 0,
         )
-        self.obs_rms = RunningMoments(obs_space.shape, mean_all, device) if cfg.normalize_obs else None
-        self.ret_rms = RunningMoments((), mean_all) if cfg.normalize_reward else None
+        self.obs_rms = RunningMoments(obs_space.shape, self.mean_all, device) if cfg.normalize_obs else None
+        self.ret_rms = RunningMoments((), self.mean_all) if cfg.normalize_reward else None
         self.next_obs: np.ndarray | None = None  # the observation the next collect starts from
-        self.discounted_return = np.zeros(num_envs)  # per env, for reward scaling
+        self.discounted_return = np.zeros(spec.num_envs)  # per env, for reward scaling
         if self.recurrent:  # per env, carried across rollouts: the core's state, and whether next_obs starts an episode
-            self.state = self.model.initial_state(num_envs, device)
-            self.starts = torch.ones(num_envs, dtype=torch.bool, device=device)
+            self.state = self.model.initial_state(spec.num_envs, device)
+            self.starts = torch.ones(spec.num_envs, dtype=torch.bool, device=device)
         self.eval_state: Tensor | None = None  # what act() carries between calls (evaluation, play)
-        self.worker_acting: WorkerActing | None = None  # set up on the first collect from envs whose workers act
 
     @property
     def steps_per_collect(self) -> int:
         return self.cfg.num_steps * self.num_envs
+
+    @property
+    def update_shape(self) -> tuple[int, int, int]:
+        """(minibatch size, minibatches per epoch, epochs): every rank must agree on it, or DDP hangs. A
+        recurrent model's minibatch is num_envs / num_minibatches whole sequences of num_steps."""
+        c = self.cfg
+        return self.steps_per_collect // c.num_minibatches, c.num_minibatches, c.update_epochs
+
+    def wrap_learner(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
+        self.learner = wrap(self.learner)
+
+    def start(self, obs: np.ndarray) -> None:
+        self.next_obs = obs
 
     def preprocess(self, obs: np.ndarray, update_stats: bool = False) -> Tensor:
         """Observations as the model sees them: a tensor on the device, normalized if configured."""
@@ -162,123 +279,86 @@ class PPO:
             self.obs_rms.update(x)
         return self.obs_rms.normalize(x, self.cfg.clip_obs)
 
-    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray, envs: slice) -> np.ndarray:
-        """Divide rewards by the running std of the discounted return (as SB3's VecNormalize)."""
-        ret = self.discounted_return[envs] * self.cfg.gamma + rewards
+    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """Divide one step's rewards [N] by the running std of the discounted return (as SB3's VecNormalize)."""
+        ret = self.discounted_return * self.cfg.gamma + rewards
         self.ret_rms.update(torch.as_tensor(ret))
         ret[done] = 0.0
-        self.discounted_return[envs] = ret
+        self.discounted_return = ret
         scaled = rewards / np.sqrt(self.ret_rms.var.item() + 1e-8)
         return np.clip(scaled, -self.cfg.clip_obs, self.cfg.clip_obs)
 
-    def _act(self, obs: np.ndarray, t: int, envs: slice, steps: dict[str, list[Tensor]]) -> np.ndarray:
-        """Act for the envs in `envs` at rollout step t, appending what the policy produced to `steps`
-        (stacked into the rollout at the end: one copy per rollout, not four small ones per step)."""
-        x = self.preprocess(obs, update_stats=True)
-        if self.numpy_policy is not None:
-            acted = [torch.from_numpy(a) for a in self.numpy_policy.act(x.numpy())]
-        elif self.recurrent:
-            self.rollout.starts[t, envs] = self.starts[envs]
-            *acted, self.state[envs] = self.model.act(x, self.state[envs], self.starts[envs])
-        else:
-            acted = self.model.act(x)
-        for name, v in zip(_STEP_FIELDS, (x, *acted)):
-            steps[name].append(v)
-        return acted[0].cpu().numpy()
-
-    def _observe(self, result: tuple, t: int, envs: slice, episodes: list) -> np.ndarray:
-        """Store what the envs in `envs` returned for rollout step t; returns their next observations."""
+    def _act(self, x: Tensor, t: int, envs: slice) -> tuple[Tensor, Tensor, Tensor]:
+        """(action, log-prob, value) for the envs `envs` at rollout step t; a recurrent policy steps their
+        states on, reset where the previous step ended an episode."""
+        if not self.recurrent:
+            return self.policy.act(x)
         r = self.rollout
-        obs, reward, terminated, truncated, info = result
-        if self.ret_rms is not None:
-            reward = self._scale_rewards(reward, terminated | truncated, envs)
-        r.rewards_np[t, envs] = reward
-        r.terminated_np[t, envs] = terminated
-        r.truncated_np[t, envs] = truncated
-        if truncated.any():
-            final = np.stack(info["final_obs"][truncated])
-            idx = torch.arange(envs.start, envs.stop, device=self.device)[
-                torch.as_tensor(truncated, device=self.device)
-            ]
-            # The final observation continues the truncated episode: a recurrent model reads it with the
-            # episode's state (not yet reset), as it would have on the next step.
-            r.next_values[t, idx] = self._value(final, idx, starts=torch.zeros_like(idx, dtype=torch.bool))
-        if self.recurrent:
-            self.starts[envs] = torch.as_tensor(terminated | truncated, device=self.device)
-        if "final_info" in info:  # some episode ended in this step
-            ended, returns, lengths = finished_episodes(info, len(reward))
-            episodes.append((returns[ended], lengths[ended]))
-        return obs
+        if t > 0:
+            self.starts[envs] = torch.as_tensor(r.terminated_np[t - 1, envs] | r.truncated_np[t - 1, envs])
+        r.starts[t, envs] = self.starts[envs]
+        action, log_prob, value, self.state[envs] = self.model.act(x, self.state[envs], self.starts[envs])
+        return action, log_prob, value
 
-    def _value(self, obs: np.ndarray, envs: Tensor | slice, starts: Tensor | None) -> Tensor:
-        """V of raw observations of the envs `envs`; a recurrent model steps on from each one's current state,
-        reset where `starts`, without keeping the state it would move to."""
+    def _value_of(self, obs: np.ndarray, envs: np.ndarray | slice, starts: Tensor | None = None) -> Tensor:
+        """V of raw observations of the envs `envs`. A recurrent model steps on from each one's current state
+        (reset where `starts`; by default not: a final observation continues its episode), without keeping it."""
         x = self.preprocess(obs)
         if not self.recurrent:
-            return self.model.value(x)
-        return self.model.value(x, self.state[envs], starts)
+            return self.policy.value(x)
+        idx = torch.as_tensor(np.arange(self.num_envs)[envs], device=self.device)
+        starts = torch.zeros_like(idx, dtype=torch.bool) if starts is None else starts
+        return self.model.value(x, self.state[idx], starts)
+
+    def _act_and_step(self, envs: VectorEnv, obs: np.ndarray) -> tuple[np.ndarray, list[Episodes]]:
+        """collect's steps with the policy acting here, for the envs in groups (one, or two when the vector env
+        double-buffers: a group steps while the policy acts for the next). Returns the observations after the
+        rollout and the episodes that ended."""
+        r, groups, episodes = self.rollout, envs.groups, []
+        acted = {name: _StepRows(getattr(r, name)) for name in ("obs", "actions", "log_probs", "values")}
+        out = SimpleNamespace(**acted, next_values=r.next_values, **{k: getattr(r, k) for k in _ENV_ROWS})
+        obs = [obs[g] for g in groups]
+        for t in range(self.cfg.num_steps + 1):
+            for i, g in enumerate(groups):
+                if t > 0:
+                    obs[i], ended = observe_step(self._value_of, envs.recv(i), t - 1, g, out)
+                    episodes.append(ended)
+                if t < self.cfg.num_steps:
+                    x = self.preprocess(obs[i], update_stats=True)
+                    envs.send(i, act_step(self._act, x, t, g, out).cpu().numpy())
+        for rows in acted.values():
+            rows.flush()
+        return np.concatenate(obs), episodes  # the groups' observations, in env order
 
     @torch.inference_mode()
-    def collect(self, envs, progress: float = 0.0) -> dict[str, np.ndarray]:
-        """One rollout of num_steps x num_envs transitions into self.rollout; returns finished episodes.
-        (`progress`, the fraction of training done, is for algorithms with exploration schedules.)
-
-        Where the envs' workers can act (worker_acting.py), each runs the rollout of its envs. Otherwise the
-        policy acts here, for the envs in groups (one, or two when the worker pool double-buffers): a group
-        steps while the policy acts for the next. The rollout layout is the same either way.
-        """
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, np.ndarray]:
+        """One rollout of num_steps x num_envs transitions into self.rollout; returns the episodes that ended.
+        (`progress`, the fraction of training done, is for algorithms with exploration schedules.)"""
         r = self.rollout
         if self.recurrent:
             r.initial_state.copy_(self.state)
-        episodes = self._collect_in_workers() if self._workers_act(envs) else self._act_and_step(envs)
-        last_value = self._value(self.next_obs, slice(None), self.starts if self.recurrent else None)
-        # Bootstrap from the next step's value except where the episode was truncated (set in _observe).
-        following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
-        r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
-        return {
-            "episode_returns": np.concatenate([e[0] for e in episodes] or [np.zeros(0)]),
-            "episode_lengths": np.concatenate([e[1] for e in episodes] or [np.zeros(0, dtype=np.int64)]),
-        }
-
-    def _workers_act(self, envs) -> bool:
-        if not can_act_in_workers(self.cfg, envs, self.model, self.device):
-            return False
-        if self.worker_acting is None or self.worker_acting.pool is not envs:
-            self.worker_acting = WorkerActing(envs, self.model, self.model_spec, self.rollout)
-        return True
-
-    def _collect_in_workers(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """collect when the envs' workers act; the (returns, lengths) of the episodes that ended."""
-        r = self.rollout
-        self.next_obs, returns, lengths = self.worker_acting.collect(self.optimizer.params, self.next_obs, r)
-        if self.ret_rms is not None:  # step by step, as when acting here
+        self.next_obs, episodes = self.collect_steps(envs, self.next_obs)
+        if self.ret_rms is not None:  # step by step, in order, as the envs returned them
             done = r.terminated_np | r.truncated_np
             for t in range(self.cfg.num_steps):
-                r.rewards_np[t] = self._scale_rewards(r.rewards_np[t], done[t], slice(None))
-        return [(returns, lengths)]
-
-    def _act_and_step(self, envs) -> list[tuple[np.ndarray, np.ndarray]]:
-        """collect's loop when the policy acts here; the (returns, lengths) of the episodes that ended."""
-        r, groups, episodes = self.rollout, envs.groups, []
-        obs = [self.next_obs[g] for g in groups]
-        steps = [{name: [] for name in _STEP_FIELDS} for _ in groups]
-        for t in range(self.cfg.num_steps):
-            for i, g in enumerate(groups):
-                if t > 0:
-                    obs[i] = self._observe(envs.recv(i), t - 1, g, episodes)
-                envs.send(i, self._act(obs[i], t, g, steps[i]))
-        for i, g in enumerate(groups):
-            obs[i] = self._observe(envs.recv(i), self.cfg.num_steps - 1, g, episodes)
-            for name, values in steps[i].items():
-                getattr(r, name)[:, g] = torch.stack(values)
-        self.next_obs = np.concatenate(obs)  # the groups' observations, in env order
-        return episodes
+                r.rewards_np[t] = self._scale_rewards(r.rewards_np[t], done[t])
+        if self.recurrent:  # whether next_obs starts an episode
+            self.starts.copy_(torch.as_tensor(r.terminated_np[-1] | r.truncated_np[-1]))
+            last_value = self._value_of(self.next_obs, slice(None), self.starts)
+        else:
+            last_value = self._value_of(self.next_obs, slice(None))
+        # Bootstrap from the next step's value except where the episode was truncated (set by observe_step).
+        following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
+        r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
+        return episodes_of(episodes)
 
     def update(self, progress: float) -> dict[str, float]:
         """Epochs x minibatches of PPO on the last rollout. `progress` in [0, 1) is the fraction of training
         done, which sets the annealed learning rate."""
         c, r = self.cfg, self.rollout
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         rewards, terminated, truncated = (x.to(self.device) for x in (r.rewards, r.terminated, r.truncated))
         advantages, returns = compute_gae(
             rewards, r.values, r.next_values, terminated, terminated | truncated, c.gamma, c.gae_lambda
@@ -295,11 +375,13 @@ class PPO:
         count = 0
         for _epoch in range(c.update_epochs):
             for minibatch in self._minibatches(batch):
+                if c.norm_adv:  # per minibatch, over all ranks' minibatches
+                    minibatch["advantages"] = normalize_advantages(minibatch["advantages"], self.mean_all)
                 loss, stats = self.learner(**minibatch)
                 self.optimizer.zero_grad()
                 loss.backward()
-                self.optimizer.clip_grad_norm(c.max_grad_norm)
-                self.optimizer.step(lr)
+                self.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+                self.optimizer.step()
                 totals += stats
                 count += 1
             # Every rank takes this decision on the same all-reduced KL, so all stop together.
@@ -319,9 +401,8 @@ class PPO:
         replays each env's rollout as it acted."""
         c, r = self.cfg, self.rollout
         if not self.recurrent:
-            # One gather per tensor and epoch; the minibatches are then slices of it. (The permutation is
-            # minibatch_indices' concatenated, so the RNG stream and the minibatches are what they were.)
-            # The permutation comes from the CPU generator (whose state checkpoints hold) and moves to the device.
+            # One gather per tensor and epoch; the minibatches are then slices of it. The permutation comes from
+            # the CPU generator (whose state checkpoints hold) and moves to the device.
             perm = torch.cat(minibatch_indices(self.steps_per_collect, c.num_minibatches)).to(self.device)
             shuffled = {k: take_rows(v.flatten(0, 1), perm) for k, v in batch.items()}
             size = self.steps_per_collect // c.num_minibatches
@@ -347,13 +428,6 @@ class PPO:
         action, _, _, self.eval_state = self.model.act(x, self.eval_state, starts.to(self.device), deterministic)
         return action.cpu().numpy()
 
-    @property
-    def update_shape(self) -> tuple[int, int, int]:
-        """(minibatch size, minibatches per epoch, epochs): every rank must agree on it, or DDP hangs. A
-        recurrent model's minibatch is num_envs / num_minibatches whole sequences of num_steps."""
-        c = self.cfg
-        return self.steps_per_collect // c.num_minibatches, c.num_minibatches, c.update_epochs
-
     def state_dict(self) -> dict:
         """What every rank shares: networks, optimizer, normalizers."""
         return {
@@ -371,7 +445,7 @@ class PPO:
         if self.ret_rms is not None:
             self.ret_rms.load_state_dict(state["ret_rms"])
 
-    def cursor_state(self) -> dict:
+    def rank_state(self) -> dict:
         """What is this rank's own: where its envs are (the next observation, the running returns, and for a
         recurrent policy each env's state and episode-start flag)."""
         cursor = {
@@ -382,7 +456,7 @@ class PPO:
             cursor |= {"core_state": self.state.cpu().clone(), "episode_starts": self.starts.cpu().clone()}
         return cursor
 
-    def load_cursor_state(self, state: dict) -> None:
+    def load_rank_state(self, state: dict) -> None:
         self.next_obs = state["next_obs"].numpy().copy()
         self.discounted_return = state["discounted_return"].numpy().copy()
         if self.recurrent:
@@ -392,3 +466,6 @@ class PPO:
     def shard_state(self) -> None:
         """PPO has no per-rank state too large to gather (DQN's replay shard is)."""
         return None
+
+    def load_shard_state(self, state: dict) -> None:
+        raise ValueError("PPO keeps no replay shard")

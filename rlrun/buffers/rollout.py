@@ -27,12 +27,7 @@ class Rollout:
             return torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=on)
 
         cpu = torch.device("cpu")
-        # Frames [C, H, W] on CPU are stored channels-last, the layout NatureCNN trains on there: see take_rows.
-        if len(obs_shape) == 3 and device.type == "cpu":
-            c, h, w = obs_shape
-            self.obs = zeros(h, w, c, dtype=obs_dtype).permute(0, 1, 4, 2, 3)
-        else:
-            self.obs = zeros(*obs_shape, dtype=obs_dtype)
+        self.obs = zeros(*obs_shape, dtype=obs_dtype)
         self.actions = zeros(*action_shape, dtype=action_dtype)
         self.log_probs = zeros()
         self.values = zeros()
@@ -54,9 +49,9 @@ def minibatch_indices(batch_size: int, num_minibatches: int) -> list[Tensor]:
 
 
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
-    """x[index] along the first dim, as a copy of whole rows (index_select: 8x faster than x[index] for frames
-    here). Channels-last frames [B, C, H, W] are gathered as the NHWC rows they are in memory and stay
-    channels-last, which the CNN trains on: the rollout pays the slow permute once, not every epoch."""
+    """x[index] along the first dim, as a copy of whole rows (index_select: several times faster than x[index]
+    for frames). Channels-last frames [B, C, H, W] are gathered as the NHWC rows they are in memory and stay
+    channels-last."""
     if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
         return x.permute(0, 2, 3, 1).index_select(0, index).permute(0, 3, 1, 2)
     return x.index_select(0, index)

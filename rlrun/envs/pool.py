@@ -107,7 +107,7 @@ def _die_with_parent() -> None:
 def _yield_on_wakeup() -> None:
     """SCHED_BATCH: a worker woken by the rank's step command does not preempt the rank, which goes on to
     wake the other workers (or to act for the other half) instead of waiting for a core to free up behind the
-    worker it woke. Same CPU share as before; only wakeup preemption changes. (Breakout's collect: 4-7%.)"""
+    worker it woke. Same CPU share as before; only wakeup preemption changes."""
     if hasattr(os, "SCHED_BATCH"):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 

@@ -29,13 +29,13 @@ class _Heads(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out))
 
-    def _sample(self, out: Tensor, deterministic: bool, noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(action, log-prob) from the policy head's output; `noise` as the distributions' samplers take it."""
+    def _sample(self, out: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
+        """(action, log-prob) from the policy head's output."""
         if self.discrete:
             log_p = torch.log_softmax(out, -1)
-            action = out.argmax(-1) if deterministic else D.categorical_sample(log_p, noise)
+            action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
             return action, D.categorical_log_prob(log_p, action)
-        action = out if deterministic else D.gaussian_sample(out, self.log_std, noise)
+        action = out if deterministic else D.gaussian_sample(out, self.log_std)
         return action, D.gaussian_log_prob(out, self.log_std, action)
 
     def _log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
@@ -56,7 +56,8 @@ class ActorCritic(_Heads):
         self.shared = cfg.shared
         self._init_heads(features, action_space)
 
-    def _heads(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """(policy head output [B, A] logits or [B, D] Gaussian mean, value [B]) for observations [B, ...]."""
         if self.shared:
             actor = critic = self.trunk(obs)
         else:
@@ -64,37 +65,16 @@ class ActorCritic(_Heads):
         return self.policy_head(actor), self.value_head(critic).squeeze(-1)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self._heads(obs)[1]
+        return self(obs)[1]
 
-    def fused_params(self) -> list[Tensor] | None:
-        """The parameters in the order PPO's fused loss takes them, or None when it does not apply (it
-        covers separate MLP trunks, not a shared encoder)."""
-        if self.shared:
-            return None
-        head = [self.policy_head.weight, self.policy_head.bias, self.value_head.weight, self.value_head.bias]
-        return self.trunk.layer_params + head + ([] if self.discrete else [self.log_std])
-
-    def act(
-        self, obs: Tensor, deterministic: bool = False, noise: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations. `noise` [B, A or D]:
-        the sampling noise drawn beforehand (sampling_noise), instead of from torch's global RNG now."""
-        out, value = self._heads(obs)
-        return *self._sample(out, deterministic, noise), value
-
-    @property
-    def noise_size(self) -> int:
-        """Sampling noise per observation: one Exp(1) per action (Gumbel-max) or N(0, 1) per action dimension."""
-        return self.policy_head.out_features
-
-    def sampling_noise(self, *batch: int) -> Tensor:
-        """act()'s sampling noise for `batch` observations [*batch, noise_size], from torch's global RNG."""
-        noise = torch.empty(*batch, self.noise_size)
-        return noise.exponential_() if self.discrete else noise.normal_()
+    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
+        out, value = self(obs)
+        return *self._sample(out, deterministic), value
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-prob [B], entropy [B], value [B]) of given actions."""
-        out, value = self._heads(obs)
+        out, value = self(obs)
         return *self._log_prob_entropy(out, actions), value
 
 

@@ -15,7 +15,8 @@ def categorical_sample(log_p: Tensor, noise: Tensor | None = None) -> Tensor:
     """Sample action indices [B] from normalized log-probabilities [B, A] with the Gumbel-max trick:
     argmax(log p - log E), E ~ Exp(1), is distributed as p. It draws the same noise as torch.multinomial(p, 1),
     which does this for one sample (so the same actions, up to rounding), in a third of its time on a batch.
-    `noise`: E [B, A] drawn beforehand (by whoever owns the RNG stream), instead of drawing it here."""
+    `noise`: E [B, A] drawn beforehand (by whoever owns the RNG stream, e.g. for env workers that act), instead
+    of drawing it here."""
     if noise is None:
         return (log_p - torch.empty_like(log_p).exponential_().log_()).argmax(-1)
     return (log_p - noise.log()).argmax(-1)

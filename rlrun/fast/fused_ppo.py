@@ -1,18 +1,70 @@
-"""The PPO loss of the feedforward MLP actor-critic (TwinMLP trunks, linear heads) with its gradient written by
-hand: one autograd node for the whole minibatch instead of ~60. On CPU a small network's update is all
-operator overhead, so this is where PPO's time goes; the math is PPOLearner's, checked against autograd in
-tests/test_fast_paths.py."""
+"""PPOLearner for the feedforward MLP actor-critic (TwinMLP trunks, linear heads) with the loss's gradient
+written by hand: one autograd node for the whole minibatch instead of ~60. On CPU a small network's update is
+all operator overhead, so this is where PPO's time goes. The math is PPOLearner's (rlrun/algos/ppo.py): a
+change to the loss there must be made here too, where tests/test_fast_paths.py checks the two agree."""
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from rlrun.config import PPOConfig
+from rlrun.algos.ppo import PPOConfig
+from rlrun.models.actor_critic import ActorCritic
 from rlrun.models.distributions import LOG_2PI
-from rlrun.models.encoders import twin_mlp_forward
+from rlrun.models.encoders import TwinMLP
+
+
+def fusable(model: nn.Module) -> bool:
+    """Whether the fused loss covers `model`: a feedforward actor-critic on separate MLP trunks."""
+    return isinstance(model, ActorCritic) and isinstance(model.trunk, TwinMLP)
+
+
+def fused_params(model: ActorCritic) -> list[Tensor]:
+    """The parameters in the order the fused loss takes them: trunk layers, heads, log-std if Gaussian."""
+    t = model.trunk
+    trunk = [t.first.weight, t.first.bias, *(p for wb in zip(t.weights, t.biases) for p in wb)]
+    head = [model.policy_head.weight, model.policy_head.bias, model.value_head.weight, model.value_head.bias]
+    return trunk + head + ([] if model.discrete else [model.log_std])
+
+
+class FusedPPOLearner(nn.Module):
+    """PPOLearner's drop-in (same constructor and forward) for models where fusable() holds."""
+
+    def __init__(self, model: ActorCritic, cfg: PPOConfig):
+        super().__init__()
+        self.model, self.cfg = model, cfg
+        self.params = fused_params(model)
+
+    def forward(self, **minibatch: Tensor) -> tuple[Tensor, Tensor]:
+        """(loss, stats) of a minibatch passed as PPOLearner.forward takes it (PPO.update passes keywords)."""
+        m, b = self.model, minibatch
+        inputs = (b["obs"], b["actions"], b["old_log_probs"], b["advantages"], b["returns"], b["old_values"])
+        return FusedPPOLoss.apply(self.cfg, m.trunk.relu, m.discrete, *inputs, *self.params)
+
+
+def twin_mlp_forward(x: Tensor, params: list[Tensor], relu: bool) -> list[Tensor]:
+    """TwinMLP's activations after every layer, [2, B, h] each (actor, critic), from fused_params' trunk
+    part; the fused loss keeps them for its backward."""
+    w0, b0, *layers = params
+    a = _activate(torch.addmm(b0, x.flatten(1), w0.t()), relu)  # [B, 2h]: both trunks' first layers in one
+    acts = [a.view(len(x), 2, -1).transpose(0, 1)]
+    for w, b in zip(layers[::2], layers[1::2]):
+        acts.append(_activate(torch.baddbmm(b, acts[-1], w), relu))
+    return acts
+
+
+def _activate(z: Tensor, relu: bool) -> Tensor:
+    """In place on a fresh matmul output (the fused forward runs outside autograd). On CPU, tanh goes through
+    numpy, whose tanh is several times faster than torch's CPU kernel on these sizes (bench/ figures)."""
+    if relu:
+        return z.relu_()
+    if z.device.type == "cpu":
+        np.tanh(z.numpy(), out=z.numpy())
+        return z
+    return z.tanh_()
 
 
 def _activation_backward(g: Tensor, a: Tensor, relu: bool) -> Tensor:

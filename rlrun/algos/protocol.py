@@ -1,0 +1,96 @@
+"""The contracts between the training loop, the algorithms and the vector envs: what an algorithm is built
+from (EnvSpec, Reductions), what it offers the loop (Algorithm), and what it steps (VectorEnv)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+from torch import nn
+
+from rlrun.algos.normalize import MeanAll, identity
+from rlrun.buffers.replay import ONE_SHARD, Shards
+
+Episodes = tuple[np.ndarray, np.ndarray]  # (returns [k], lengths [k]) of the episodes that ended
+
+
+def episodes_of(parts: Sequence[Episodes]) -> dict[str, np.ndarray]:
+    """The episodes of a collect, as it returns them: {"episode_returns": [k], "episode_lengths": [k]}."""
+    return {
+        "episode_returns": np.concatenate([p[0] for p in parts] or [np.zeros(0)]).astype(np.float64),
+        "episode_lengths": np.concatenate([p[1] for p in parts] or [np.zeros(0, dtype=np.int64)]).astype(np.int64),
+    }
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What an algorithm is built for: one env's spaces, the envs this rank steps, frames per observation."""
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    num_envs: int = 1
+    frame_stack: int = 1  # frames stacked along an observation's first axis (stored once by a replay)
+
+
+@dataclass(frozen=True)
+class Reductions:
+    """How an algorithm reaches the other ranks, without knowing them: `mean_all` averages a tensor over ranks,
+    `shards` is this rank's place among the replay shards. One process: identities."""
+
+    mean_all: MeanAll = identity
+    shards: Shards = field(default=ONE_SHARD)
+
+
+class VectorEnv(Protocol):
+    """A batch of N envs with gymnasium's vector semantics (SAME_STEP autoreset: a finished episode's last
+    observation is in info["final_obs"]), stepped whole or by groups (double buffering)."""
+
+    num_envs: int
+    num_workers: int  # processes of its own stepping the envs (0: in this process)
+    single_observation_space: gym.Space
+    single_action_space: gym.Space
+    groups: list[slice]  # env ranges that step independently: send(g, ...) then recv(g)
+
+    def reset(self, seed: int | Sequence[int] | None = None) -> tuple[np.ndarray, dict]: ...
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
+    def send(self, group: int, actions: np.ndarray) -> None: ...
+    def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
+    def check_alive(self) -> None: ...
+    def get_env_state(self) -> list: ...
+    def set_env_state(self, state: list) -> None: ...
+    def close(self) -> None: ...
+
+
+class Algorithm(Protocol):
+    """What the training loop, evaluation and play use of an algorithm; built by its registry entry from (its
+    config section, the model config, EnvSpec, device, Reductions). It never asks for its rank."""
+
+    model: nn.Module  # the networks evaluation and play act with
+    learner: nn.Module  # the module whose forward produces the loss (what DDP wraps)
+    steps_per_collect: int  # env steps one collect takes on this rank
+    update_shape: tuple[int, int, int]  # (batch per step, steps per epoch, epochs): equal on every rank
+
+    def wrap_learner(self, wrap: Callable[[nn.Module], nn.Module]) -> None: ...
+    def start(self, obs: np.ndarray) -> None: ...  # the observations (after a reset) collecting starts from
+    def collect(self, envs: VectorEnv, progress: float) -> dict[str, np.ndarray]: ...
+    def update(self, progress: float) -> dict[str, float]: ...
+    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray: ...
+    def state_dict(self) -> dict: ...  # shared by every rank
+    def load_state_dict(self, state: dict) -> None: ...
+    def rank_state(self) -> dict: ...  # this rank's own (where its envs are), small
+    def load_rank_state(self, state: dict) -> None: ...
+    def shard_state(self) -> dict | None: ...  # this rank's own and large (a replay shard), or None
+    def load_shard_state(self, state: dict) -> None: ...
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An algorithm in the registry: its config schema (conf/algo/NAME.yaml is checked against it) and how to
+    build it. `discrete_actions` says it needs a Discrete action space (the config check builds an env to see)."""
+
+    schema: type
+    build: Callable[..., Any]
+    discrete_actions: bool = False

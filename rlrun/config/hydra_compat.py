@@ -1,0 +1,64 @@
+"""What rlrun takes from Hydra beyond its documented API, in one place: the argument parser of a Hydra app, the
+parsed form of overrides, and the text of composition errors, turned into one line for the user.
+tests/test_hydra_compat.py fails loudly when a Hydra release changes any of it."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+COMPOSITION_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
+
+
+def args_parser() -> argparse.ArgumentParser:
+    """The parser a Hydra app reads its command line with (--help, --cfg, -m, overrides)."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser()
+
+
+def parse_overrides(overrides: list[str]) -> list[Override]:
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def error_line(ex: Exception, defaults: DictConfig) -> str:
+    """One line for a composition error: what was wrong and what is accepted (`defaults` is the config
+    composed without overrides, to list the keys that exist)."""
+    cause = ex.__cause__
+    if isinstance(ex, MissingConfigException) and ex.missing_cfg_file and "/" in ex.missing_cfg_file:
+        group, name = ex.missing_cfg_file.rsplit("/", 1)
+        options = [o for o in (ex.options or []) if not o.endswith("_schema")]
+        return f"unknown {group} '{name}'; choose one of: {', '.join(options)}"
+    if isinstance(ex, OverrideParseException):
+        return f"cannot parse override: {str(ex).splitlines()[0]}"
+    text = str(ex).splitlines()[0]
+    if text.startswith("Could not override '") and isinstance(cause, OmegaConfBaseException):
+        key = text.split("'")[1]
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(defaults, parent) if parent else defaults
+        known = list(node.keys()) if isinstance(node, DictConfig) else []
+        close = difflib.get_close_matches(leaf, known, n=1)
+        hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
+        where = f"keys under {parent}" if parent else "top-level keys"
+        return f"unknown key '{key}'{hint} ({where}: {', '.join(known)})"
+    if text.startswith("Error merging override") and isinstance(cause, OmegaConfBaseException):
+        override = text.removeprefix("Error merging override").strip()
+        return f"{override}: {str(cause.msg).splitlines()[0]}"
+    if isinstance(ex, ConfigCompositionException) and isinstance(cause, OmegaConfBaseException):
+        return f"{text} {str(cause.msg).splitlines()[0]}"
+    return text
+
+
+def null_parent_line(overrides: list[str], defaults: DictConfig) -> str:
+    for line in overrides:
+        key = line.split("=", 1)[0].lstrip("+~")
+        parent = key.rpartition(".")[0]
+        if parent and OmegaConf.select(defaults, parent) is None:
+            return f"cannot set '{key}': '{parent}' is null in this config"
+    return f"cannot apply overrides {' '.join(overrides)}"

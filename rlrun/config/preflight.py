@@ -1,0 +1,157 @@
+"""Everything between the command line and the typed config, in-process and testable without a subprocess:
+compose and check every configuration a command would run before anything starts (a typo ends with one line
+and no run folder), resume merging (a checkpoint's config with the command line's overrides on top), and the
+threads of parallel sweep jobs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlrun.algos import ALGORITHMS
+from rlrun.config import CONF_DIR, TrainConfig, validate_play, validate_train
+from rlrun.config.hydra_compat import COMPOSITION_ERRORS, args_parser, error_line, null_parent_line, parse_overrides
+from rlrun.config.store import GROUPS, from_yaml
+from rlrun.errors import UserError
+
+
+def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
+    """The checkpoint's config with the command line's key=value overrides on top, checked, and the
+    checkpoint itself."""
+    from rlrun.checkpoint import load_checkpoint
+
+    state = load_checkpoint(resume)
+    typed = replace(from_yaml(state["config"], overrides), resume=resume)
+    validate_train(typed)
+    return typed, state
+
+
+def train_config(cfg: DictConfig, overrides: list[str]) -> tuple[TrainConfig, dict | None]:
+    typed: TrainConfig = OmegaConf.to_object(cfg)
+    if typed.resume is not None:
+        return resumed_config(typed.resume, overrides)
+    validate_train(typed)
+    return typed, None
+
+
+def job_threads(typed: TrainConfig, n_jobs: int | None) -> TrainConfig:
+    """Parallel sweep jobs (the joblib launcher's n_jobs) split the cores between them instead of each taking
+    all."""
+    if typed.threads or not n_jobs:
+        return typed
+    cores = os.cpu_count() or 1
+    return replace(typed, threads=max(1, cores // (cores if n_jobs < 0 else n_jobs)))
+
+
+def _combinations(overrides: list[str]) -> list[list[str]]:
+    """Single-valued override lists covering every value of every sweep (one sweep varied at a time), so a
+    bad value anywhere in a multirun is found before its first job starts. Non-choice sweeps (Optuna
+    intervals) are left to the sweeper."""
+    parsed = parse_overrides(overrides)
+    base, sweeps = [], []
+    for o in parsed:
+        if not o.is_sweep_override():
+            base.append(o.input_line)
+            continue
+        left = o.input_line.split("=", 1)[0]
+        try:
+            values = [f"{left}={v}" for v in o.sweep_string_iterator()]
+        except Exception:
+            continue
+        sweeps.append(values)
+    first = [values[0] for values in sweeps if values]
+    combos = [base + first]
+    for i, values in enumerate(sweeps):
+        for v in values[1:]:
+            combos.append(base + first[:i] + [v] + first[i + 1 :])
+    return combos
+
+
+def _unknown_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> list[str]:
+    """Keys in the composed config that the typed schema does not have (Hydra's `+key=` adds them)."""
+    found = []
+    for key in cfg:
+        path = f"{prefix}{key}"
+        if key not in schema:
+            found.append(path)
+        elif isinstance(cfg[key], DictConfig) and isinstance(schema[key], DictConfig):
+            found += _unknown_keys(cfg[key], schema[key], path + ".")
+    return found
+
+
+def _reference(command: str, combo: list[str]) -> DictConfig:
+    """The config the command line's group choices give, without its other overrides: the keys that exist for
+    this run (algo=dqn has algo.replay.*, the default algo does not). Plain defaults if a choice is the error."""
+    choices = [o for o in combo if o.split("=", 1)[0] in GROUPS]
+    try:
+        return compose(command, overrides=choices)
+    except COMPOSITION_ERRORS:
+        return compose(command)
+
+
+def preflight(command: str, args: list[str]) -> list[str]:
+    """Compose and validate every configuration the command would run; returns the args to run with
+    (a resumed run is pointed at its original run folder)."""
+    parsed = args_parser().parse_args(args)
+    if parsed.help or parsed.hydra_help or parsed.info or parsed.shell_completion:
+        return args
+    overrides = list(parsed.overrides)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        try:
+            combos = _combinations(overrides)
+        except COMPOSITION_ERRORS as e:
+            raise UserError(f"cannot parse overrides: {' '.join(str(e).splitlines()[:2])}") from e
+        for combo in combos:
+            try:
+                cfg = compose(command, overrides=combo)
+            except COMPOSITION_ERRORS as e:
+                raise UserError(error_line(e, _reference(command, combo))) from e
+            except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
+                raise UserError(null_parent_line(combo, _reference(command, combo))) from e
+            try:
+                typed = OmegaConf.to_object(cfg)
+            except OmegaConfBaseException as e:  # a required key left unset (e.g. play checkpoint=...)
+                key = getattr(e, "full_key", "") or "?"
+                raise UserError(f"missing value for '{key}': give {key}=...") from e
+            unknown = _unknown_keys(cfg, OmegaConf.structured(typed))
+            if unknown:
+                raise UserError(f"unknown key '{unknown[0]}' (added with +); the schema has no such key")
+            if command == "train":
+                _preflight_train(typed)
+            else:
+                validate_play(typed)
+    if command == "train":
+        return _resume_args(overrides, args)
+    return args
+
+
+def _preflight_train(typed: TrainConfig) -> None:
+    from rlrun.envs import check_discrete_actions, check_env_id, import_env_modules
+
+    if typed.resume is None:
+        validate_train(typed)
+        import_env_modules(typed.env.imports)
+        check_env_id(typed.env.id)
+        if ALGORITHMS[typed.algo.name].discrete_actions:
+            check_discrete_actions(typed.env, typed.algo.name)
+
+
+def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
+    """Resuming from a run's newest checkpoint continues in its run folder and keeps that folder's .hydra/ as it
+    was. Resuming from an older one starts a new run folder (which records where it came from): continuing in
+    the old one would leave the abandoned later checkpoints there, which outrank the new ones by step."""
+    from rlrun.checkpoint import is_newest, resolve_checkpoint, run_dir_of
+
+    resume = [o for o in parse_overrides(overrides) if o.key_or_group == "resume"]
+    if not resume or resume[0].value() is None:
+        return args
+    path = resolve_checkpoint(resume[0].value())
+    resumed_config(str(path), overrides)  # a bad checkpoint or override fails here, before any run folder
+    run_dir = run_dir_of(path)
+    if run_dir is None or not is_newest(path) or any(a.startswith("hydra.run.dir=") for a in args):
+        return args
+    return [*args, f"hydra.run.dir='{run_dir}'", "hydra.output_subdir=null"]

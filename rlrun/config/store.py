@@ -1,0 +1,42 @@
+"""The typed schemas registered with Hydra's ConfigStore (the train and play apps, each algorithm's section),
+and the TrainConfig as YAML text, which checkpoints store and ranks are handed: to it and back, and back with
+`key=value` overrides on top (resume)."""
+
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from rlrun.algos import ALGORITHMS
+from rlrun.config import PlayConfig, TrainConfig
+from rlrun.errors import UserError
+
+GROUPS = ("algo", "env", "model", "tuned")  # the config groups (conf/<group>/): a resumed run keeps its choices
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="play_schema", node=PlayConfig)
+    for name, entry in ALGORITHMS.items():
+        cs.store(group="algo", name=f"{name}_schema", node=entry.schema)
+
+
+def from_yaml(text: str, overrides: list[str] = ()) -> TrainConfig:
+    """The typed TrainConfig from its YAML text (as stored in checkpoints and handed to ranks), with
+    `key=value` overrides applied on top (a resume's command line; `resume` and `hydra.*` are not the run's)."""
+    saved = OmegaConf.create(text)
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), {"algo": ALGORITHMS[saved.algo.name].schema}, saved)
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if key == "resume" or key.startswith("hydra"):
+            continue
+        if key in GROUPS:
+            raise UserError(f"resume keeps the checkpoint's {key}; override its keys ({key}.x=...) instead")
+        OmegaConf.update(merged, key, override.value(), merge=True)
+    return OmegaConf.to_object(merged)
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,67 @@
+"""Accelerations: faster stand-ins for parts of the reference algorithms (rlrun/algos/), each with the same
+signature as the part it replaces and a test comparing the two through it (tests/test_fast_paths.py).
+`accelerate` is the one place that decides which apply, and says why; algos/ and models/ never import this.
+With algo.fast=false none applies and the run is the reference, end to end."""
+
+from __future__ import annotations
+
+from rlrun.algos.dqn import DQN
+from rlrun.algos.ppo import PPO
+from rlrun.algos.protocol import Algorithm, VectorEnv
+from rlrun.envs.pool import WorkerPool
+from rlrun.fast.flat_adam import flat_adam_like
+from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
+from rlrun.fast.numpy_policy import NumpyPolicy
+from rlrun.fast.worker_acting import WorkerActing
+from rlrun.models.encoders import NatureCNN
+
+
+def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
+    """Swap the accelerations that apply into `algo` (built, not yet trained or wrapped in DDP), which collects
+    from `envs`; returns their names, for the log. Each with the condition it needs and why it pays:"""
+    if not (isinstance(algo, (PPO, DQN)) and algo.cfg.fast):
+        return []  # algo.fast=false, or an algorithm none of these accelerates
+    applied = []
+    cpu = algo.device.type == "cpu"
+    if isinstance(algo, PPO) and cpu and any(isinstance(m, NatureCNN) for m in algo.model.modules()):
+        # oneDNN's convolution backward is faster on channels-last input: the rollout stores frames so,
+        # paying the permute once per rollout, and minibatches gathered from it (take_rows) stay so.
+        r = algo.rollout
+        r.obs = r.obs.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
+        applied.append("channels-last frames")
+    if isinstance(algo, PPO) and fusable(algo.model):
+        # One autograd node for the whole loss (hand-written gradient, numpy tanh on CPU) instead of ~60 ops:
+        # on a small MLP the update is operator overhead.
+        algo.learner = FusedPPOLearner(algo.model, algo.cfg)
+        applied.append("fused PPO loss")
+    # PPO and DQN alike: parameters and gradients in one flat buffer each, so zeroing, clipping and the Adam step
+    # are a few calls for the whole model, not a few per parameter tensor.
+    algo.optimizer = flat_adam_like(algo.optimizer, list(algo.model.parameters()))
+    algo.clip_grad_norm_ = algo.optimizer.clip_grad_norm_
+    applied.append("flat Adam")
+    if isinstance(algo, PPO) and cpu and fusable(algo.model):
+        # Acting for a vector step in numpy on views of the live weights: a numpy call costs a fraction of a torch
+        # operator at these sizes. After flat Adam, whose buffer the views see.
+        algo.policy = NumpyPolicy(algo.model)
+        applied.append("numpy acting")
+    if isinstance(algo, PPO) and _workers_can_act(algo, envs):
+        # Each env worker runs its envs' rollout with a copy of the policy: one command per rollout instead of a
+        # round trip per step, acting on every core beside the envs.
+        algo.collect_steps = WorkerActing(algo, envs).collect_steps
+        applied.append("acting in env workers")
+    return applied
+
+
+def _workers_can_act(algo: PPO, envs: VectorEnv) -> bool:
+    """algo.act_in_workers, on a worker pool that is not double-buffering (then the rank acts for one half while
+    the other steps), for a feedforward CPU policy without observation normalization (whose statistics move
+    every step, in the rank) and without buffers (the workers' copies see the parameters only)."""
+    return (
+        algo.cfg.act_in_workers
+        and isinstance(envs, WorkerPool)
+        and len(envs.groups) == 1
+        and not algo.recurrent
+        and not algo.cfg.normalize_obs
+        and algo.device.type == "cpu"
+        and not any(True for _ in algo.model.buffers())
+    )

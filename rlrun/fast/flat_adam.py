@@ -1,0 +1,103 @@
+"""Adam (Kingma & Ba 2015) over parameters that live in one flat buffer, as do their gradients: a drop-in for
+torch.optim.Adam as the algorithms use it (zero_grad, step, param_groups' "lr", state_dict in Adam's format).
+
+Each parameter's .data and .grad become views into two flat tensors, so zeroing, clipping and the Adam step
+are a few operator calls for the whole model instead of a few per parameter: for the small networks RL
+trains on CPU, that per-call overhead is a large share of an update. Autograd, DDP and load_state_dict
+write into parameters and gradients in place, so the views stay valid; gradients are zeroed, never set to
+None. The step is torch.optim.Adam(fused=True)'s kernel, called directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def flat_views(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+    """Consecutive slices of the 1-D `flat`, shaped as `params` are (in their order)."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
+
+
+class FlatAdam:
+    """Build it after the model is on its device and in its dtype; afterwards move nothing (.to() would detach
+    the parameters from the buffer)."""
+
+    def __init__(self, params, lr: float, eps: float, betas: tuple[float, float] = (0.9, 0.999)):
+        self.owned = list(params)
+        self.eps, self.betas = eps, betas
+        self.param_groups = [{"lr": lr}]  # as torch.optim's: the algorithms set the annealed rate here
+        self.params = torch.cat([p.detach().reshape(-1) for p in self.owned])
+        self.grads = torch.zeros_like(self.params)
+        for p, data, grad in zip(self.owned, flat_views(self.params, self.owned), flat_views(self.grads, self.owned)):
+            p.data, p.grad = data, grad
+        self.exp_avg = torch.zeros_like(self.params)
+        self.exp_avg_sq = torch.zeros_like(self.params)
+        self.steps = torch.zeros((), device=self.params.device)  # a tensor, as the kernel takes it
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> Tensor:
+        """nn.utils.clip_grad_norm_ for the parameters this optimizer holds, in three calls on the flat gradient."""
+        norm = torch.linalg.vector_norm(self.grads)
+        self.grads.mul_((max_norm / (norm + 1e-6)).clamp_(max=1.0))
+        return norm
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.steps.add_(1)
+        beta1, beta2 = self.betas
+        torch._fused_adam_(  # the kernel behind torch.optim.Adam(fused=True): one pass over the buffers
+            [self.params],
+            [self.grads],
+            [self.exp_avg],
+            [self.exp_avg_sq],
+            [],
+            [self.steps],
+            lr=self.param_groups[0]["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=0.0,
+            eps=self.eps,
+            amsgrad=False,
+            maximize=False,
+        )
+
+    def state_dict(self) -> dict:
+        """torch.optim.Adam's state_dict for the same parameters, so either optimizer resumes the other's."""
+        moments = zip(flat_views(self.exp_avg, self.owned), flat_views(self.exp_avg_sq, self.owned))
+        step = self.steps.detach().cpu().clone()
+        group = {"lr": self.param_groups[0]["lr"], "betas": self.betas, "eps": self.eps, "weight_decay": 0.0}
+        group |= {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False}
+        group |= {"differentiable": False, "fused": None, "params": list(range(len(self.owned)))}
+        state = {
+            i: {"step": step.clone(), "exp_avg": m.clone(), "exp_avg_sq": v.clone()} for i, (m, v) in enumerate(moments)
+        }
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state["param_groups"][0]["params"]
+        if len(saved) != len(self.owned):
+            raise ValueError(f"optimizer state for {len(saved)} parameters, the model has {len(self.owned)}")
+        self.param_groups[0]["lr"] = state["param_groups"][0]["lr"]
+        per_param = [state["state"].get(i) for i in saved]
+        if any(s is None for s in per_param):  # never stepped
+            self.steps.zero_()
+            self.exp_avg.zero_()
+            self.exp_avg_sq.zero_()
+            return
+        self.steps.fill_(float(per_param[0]["step"]))
+        for m, v, s in zip(flat_views(self.exp_avg, self.owned), flat_views(self.exp_avg_sq, self.owned), per_param):
+            m.copy_(s["exp_avg"])
+            v.copy_(s["exp_avg_sq"])
+
+
+def flat_adam_like(optimizer: torch.optim.Adam, params: list[nn.Parameter]) -> FlatAdam:
+    """A FlatAdam with `optimizer`'s settings, over `params` (those it optimizes)."""
+    group = optimizer.param_groups[0]
+    return FlatAdam(params, group["lr"], group["eps"], group["betas"])

@@ -1,0 +1,108 @@
+"""PPO's collect steps run inside the env workers: each forked worker acts for its own envs with a copy of the
+policy and runs the rollout step (rlrun/algos/ppo.py: act_step, observe_step) on its rows of arrays shared with
+the rank. A rollout then costs the rank one command instead of a round trip per step, and acting runs on every
+core beside the envs. The rank keeps what makes a run reproducible: it copies the weights in before each
+rollout and draws the sampling noise from its own RNG stream, which its checkpoints hold. A drop-in for
+PPO.collect_steps."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlrun.algos.ppo import PPO, act_step, observe_step
+from rlrun.algos.protocol import Episodes
+from rlrun.envs.pool import WorkerContext, WorkerPool
+from rlrun.envs.sync import step_results
+from rlrun.fast.flat_adam import flat_views
+from rlrun.models import ActorCritic, build_actor_critic
+from rlrun.models import distributions as D
+
+# The rollout's arrays the workers write, [T, N, ...], under the names act_step and observe_step use.
+_POLICY = ("obs", "actions", "log_probs", "values", "next_values")
+_ENV = ("rewards_np", "terminated_np", "truncated_np")
+
+
+class WorkerActing:
+    """Rank side: the arrays shared with the workers of `pool`, and collect steps run in them for `algo`."""
+
+    def __init__(self, algo: PPO, pool: WorkerPool):
+        self.algo, self.pool = algo, pool
+        r = algo.rollout
+        num_steps, num_envs = r.values.shape
+        specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _POLICY + _ENV}
+        specs["noise"] = ((num_steps, num_envs, algo.model.policy_head.out_features), np.float32)
+        specs["weights"] = ((sum(p.numel() for p in algo.model.parameters()),), np.float32)
+        self.shared = {name: torch.from_numpy(a) for name, a in pool.share(specs).items()}
+        pool.run("building the policy", _build_policy, algo.model_spec)
+
+    def collect_steps(self, envs: WorkerPool, obs: np.ndarray) -> tuple[np.ndarray, list[Episodes]]:
+        """PPO.collect_steps in the workers: the rollout from `obs` with the policy's current weights into
+        algo.rollout (next_values holding V of the final observation where truncated). Returns the observations
+        after it and the episodes that ended, in (step, env) order as the rank's loop lists them."""
+        if envs is not self.pool:
+            raise ValueError("worker acting runs on the worker pool it was set up for")
+        s, r, model = self.shared, self.algo.rollout, self.algo.model
+        s["weights"].copy_(nn.utils.parameters_to_vector(model.parameters()))
+        num_steps, num_envs = r.values.shape
+        noise = torch.empty(s["noise"].shape)
+        s["noise"].copy_(noise.exponential_() if model.discrete else noise.normal_())  # as the samplers draw it
+        self.pool.buffers["obs"][:] = obs
+        per_worker = self.pool.run("rollout", _rollout_in_worker, num_steps)
+        for name in _POLICY + _ENV:
+            torch.as_tensor(getattr(r, name)).copy_(s[name])
+        episodes = [worker[t] for t in range(num_steps) for worker in per_worker]  # workers hold ascending envs
+        return self.pool.buffers["obs"].copy(), episodes
+
+
+def _build_policy(w: WorkerContext, spec: tuple) -> None:
+    """In a worker: its copy of the policy, whose parameters are views of the shared weights."""
+    model = w.memory["policy"] = build_actor_critic(*spec)
+    params = list(model.parameters())
+    for p, view in zip(params, flat_views(torch.from_numpy(w.shared["weights"]), params)):
+        p.data = view
+
+
+def _act_with_noise(model: ActorCritic, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """ActorCritic.act with the sampling noise the rank drew (distributions' samplers take it)."""
+    out, value = model(obs)
+    if model.discrete:
+        log_p = torch.log_softmax(out, -1)
+        action = D.categorical_sample(log_p, noise)
+        return action, D.categorical_log_prob(log_p, action), value
+    action = D.gaussian_sample(out, model.log_std, noise)
+    return action, D.gaussian_log_prob(out, model.log_std, action), value
+
+
+@torch.inference_mode()
+def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[Episodes]:
+    """In a worker: num_steps rollout steps of its envs, on its rows of the shared rollout. Returns the
+    episodes that ended at each step."""
+    model, noise = w.memory["policy"], w.shared["noise"][:, w.rows]
+    out = SimpleNamespace(**{name: w.shared[name][:, w.rows] for name in _POLICY + _ENV})
+    envs = slice(0, w.rows.stop - w.rows.start)  # this worker's envs, in its rows of `out`
+
+    def act(x: Tensor, t: int, _: slice) -> tuple[Tensor, Tensor, Tensor]:
+        return _act_with_noise(model, x, torch.from_numpy(noise[t]))
+
+    def value_of(final: np.ndarray, _: np.ndarray) -> Tensor:
+        return model.value(torch.from_numpy(final.astype(out.obs.dtype, copy=False)))
+
+    obs, episodes = w.buffers["obs"][w.rows], []
+    for t in range(num_steps):
+        w.where[0] = None  # acting: an error here is the policy's, not an env's
+        x = torch.from_numpy(np.asarray(obs, dtype=out.obs.dtype))  # float64 observations become float32
+        w.buffers["actions"][w.rows] = act_step(act, x, t, envs, out)
+        infos = w.step()
+        w.where[0] = None
+        obs, ended = observe_step(value_of, step_results(w.buffers, w.rows, infos), t, envs, out)
+        episodes.append(ended)
+    return episodes
+
+
+def _spec(t: Tensor) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, numpy dtype) of a rollout tensor, for WorkerPool.share."""
+    return tuple(t.shape), torch.empty(0, dtype=t.dtype).numpy().dtype
