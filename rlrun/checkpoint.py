@@ -136,7 +136,9 @@ def run_dir_of(checkpoint: Path) -> Path | None:
 
 def _upgrade_from_2(state: dict) -> None:
     """Format 2 kept Adam's moments as flat buffers over the model's parameters, in the model's state_dict order
-    (the models keep no buffers); format 3 has torch.optim.Adam's per-parameter state."""
+    (the models keep no buffers); format 3 has torch.optim.Adam's per-parameter state. Its runs also meant two
+    things the config now says otherwise: DQN trained with the Huber loss (algo.loss did not exist, and its
+    default is now mse), and an ALE game's env.max_episode_steps counted emulator frames (now agent steps)."""
     optimizer, model = state["algo"]["optimizer"], state["algo"]["model"]
     shapes = [t.shape for t in model.values()]
     step = torch.tensor(float(optimizer["steps"]))
@@ -145,7 +147,14 @@ def _upgrade_from_2(state: dict) -> None:
         i: {"step": step.clone(), "exp_avg": m.view(s).clone(), "exp_avg_sq": v.view(s).clone()}
         for i, (m, v, s) in enumerate(zip(*moments, shapes))
     }
-    algo = yaml.safe_load(state["config"])["algo"]
+    config = yaml.safe_load(state["config"])
+    algo, env = config["algo"], config["env"]
+    if algo["name"] == "dqn":
+        algo.setdefault("loss", "huber")
+    if env.get("max_episode_steps") and (env.get("atari") or env["id"].startswith("ALE/")):
+        frame_skip = (env.get("atari") or {}).get("frame_skip", 4)
+        env["max_episode_steps"] = -(-env["max_episode_steps"] // frame_skip)
+    state["config"] = yaml.safe_dump(config, sort_keys=False)
     group = {"lr": float(algo["lr"]), "betas": (0.9, 0.999), "eps": float(algo["adam_eps"])}
     group |= {"weight_decay": 0.0, "amsgrad": False, "maximize": False, "params": list(range(len(shapes)))}
     state["algo"]["optimizer"] = {"state": per_param, "param_groups": [group]}

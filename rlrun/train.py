@@ -221,9 +221,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     recent: deque[float] = deque(maxlen=100)
     eval_returns = None
     recovery = Recovery(checkpointer, config_yaml, run_dir, logger, iteration, env_steps if resume_state else None)
+    stopped: int | None = None  # the signal all ranks stop for, when one of them got one
     try:
         while iteration < num_iterations:
             if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
+                stopped = int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
                 break
             torch.set_num_threads(collect_threads)
             episodes = algo.collect(envs, env_steps / cfg.total_steps)
@@ -251,7 +253,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
                 save()
                 recovery.saved_at = env_steps
         loop_seconds = time.perf_counter() - start_time
-        interrupted = stop.signum is not None
+        interrupted = stopped is not None  # on every rank alike
         final = save()  # before the final evaluation, which may fail
         recovery.saved_at = env_steps
         final_metrics = episodes_log.metrics()
@@ -260,12 +262,15 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
             eval_returns = evaluated
             final_metrics |= _eval_metrics(eval_returns)
     except Exception as e:
-        recovery.write(e, algo, iteration, env_steps)
+        try:
+            recovery.write(e, algo, iteration, env_steps)
+        except Exception as failed:  # the run's own error is the one to report
+            logger.error("could not write a recovery checkpoint: %s: %s", type(failed).__name__, failed)
         raise
     logger.log(env_steps, final_metrics)
     summary = {
         "status": "interrupted" if interrupted else "completed",
-        "signal": stop.signum,
+        "signal": stopped,
         "algo": cfg.algo.name,
         "env_id": cfg.env.id,
         "seed": cfg.seed,
@@ -284,7 +289,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         "parameter_digests": ctx.all_gather(parameter_digest(algo.model)),  # equal when DDP kept ranks in sync
     }
     if interrupted:
-        logger.info("stopped by signal %d at %d env steps; checkpoint %s", stop.signum, env_steps, final)
+        logger.info("stopped by signal %d at %d env steps; checkpoint %s", stopped, env_steps, final)
     else:
         logger.info(
             "done: %d env steps in %.1f s (%.0f sps); eval return %s",
@@ -302,8 +307,9 @@ class Recovery:
     nothing trained is lost, and the line that continues the run. It holds no rank's RNG, env or cursor state
     (the envs may be what broke): the run resumes on fresh episodes, as a resume to another world size does. It
     uses no collective, since a peer may be gone. Not written when the failure came from inside an update (a bug
-    there may have left the parameters broken) unless a peer was lost, nor when nothing was trained since the
-    last checkpoint."""
+    there may have left the parameters broken), unless a peer was lost: then the parameters and optimizer are
+    whole but may hold the minibatches stepped before the loss (a partial update, as an early target-KL stop
+    makes), counted at the last boundary. Nor written when nothing was trained since the last checkpoint."""
 
     def __init__(self, checkpointer, config_yaml: str, run_dir: Path, logger, iteration: int, saved_at: int | None):
         self.checkpointer, self.config_yaml, self.run_dir, self.logger = checkpointer, config_yaml, run_dir, logger

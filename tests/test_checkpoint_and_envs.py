@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from rlrun.checkpoint import Checkpointer, load_checkpoint, resolve_checkpoint
 from rlrun.config import AtariConfig, EnvConfig
@@ -156,7 +157,10 @@ def test_format_2_checkpoints_load_with_their_optimizer_state(tmp_path):
         adam.step()
     now = adam.state_dict()
     moments = {k: torch.cat([now["state"][i][k].reshape(-1) for i in range(4)]) for k in ("exp_avg", "exp_avg_sq")}
-    old = {"rlrun_format": 2, "env_steps": 10, "config": "algo:\n  lr: 0.001\n  adam_eps: 1.0e-05\n"}
+    # A DQN Breakout run of then: Huber loss without saying so, a time limit in emulator frames.
+    config = "algo:\n  name: dqn\n  lr: 0.001\n  adam_eps: 1.0e-05\nenv:\n  id: ALE/Breakout-v5\n"
+    config += "  max_episode_steps: 4000\n  atari:\n    frame_skip: 4\n"
+    old = {"rlrun_format": 2, "env_steps": 10, "config": config}
     old["algo"] = {"model": model.state_dict(), "optimizer": {"steps": 3, **moments}}
     torch.save(old, tmp_path / "old.pt")
     upgraded = load_checkpoint(tmp_path / "old.pt")
@@ -167,3 +171,5 @@ def test_format_2_checkpoints_load_with_their_optimizer_state(tmp_path):
         for k in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(fresh.state_dict()["state"][i][k], now["state"][i][k]), (i, k)
     assert fresh.param_groups[0]["lr"] == 1e-3 and fresh.param_groups[0]["eps"] == 1e-5
+    saved = yaml.safe_load(upgraded["config"])
+    assert saved["algo"]["loss"] == "huber" and saved["env"]["max_episode_steps"] == 1000  # agent steps

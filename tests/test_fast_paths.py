@@ -94,9 +94,10 @@ def test_flat_adam_follows_torch_adam_and_their_states_interchange():
     for step in range(30):
         if step == 10:  # resume each from the other's state: the formats are one
             flat_state, adam_state = flat.state_dict(), adam.state_dict()
-            flat, adam = FlatAdam(ours, lr=1.0, eps=1e-5), torch.optim.Adam(ref, lr=1.0, eps=1e-5)
+            flat, adam = FlatAdam(ours, lr=1.0, eps=1e-3), torch.optim.Adam(ref, lr=1.0, eps=1e-3)
             flat.load_state_dict(adam_state)
             adam.load_state_dict(flat_state)
+            assert flat.eps == adam.param_groups[0]["eps"] == 1e-5  # the saved settings win, in both
         grads = [10 * torch.randn(3, 4), torch.randn(5)]  # norms above and below the clip
         flat.zero_grad()
         adam.zero_grad()

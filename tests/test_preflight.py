@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from rlrun.algos import DQNConfig
+from rlrun.config import EnvConfig, ModelConfig, TrainConfig
 from rlrun.config.hydra_compat import args_parser, parse_overrides
 from rlrun.config.preflight import preflight
-from rlrun.config.store import register_configs
+from rlrun.config.store import from_yaml, register_configs, to_yaml
 from rlrun.errors import UserError
 
 register_configs()
@@ -59,6 +61,14 @@ def test_bad_train_input_is_one_line_naming_what_is_accepted(args, message):
         preflight("train", args)
     text = str(info.value)
     assert "\n" not in text and message in text, text
+
+
+def test_a_resume_override_the_checkpoints_algorithm_lacks_is_one_line():
+    text = to_yaml(TrainConfig(algo=DQNConfig(), env=EnvConfig(), model=ModelConfig()))
+    assert from_yaml(text, ["algo.lr=0.5"]).algo.lr == 0.5
+    for bad in ("algo.clip_coef=0.1", "algo.lr=abc"):
+        with pytest.raises(UserError, match=f"{bad}: .*the checkpoint's algo is dqn"):
+            from_yaml(text, [bad])
 
 
 def test_good_input_passes_and_help_is_left_to_hydra():

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from rlrun.algos.dqn import DQN, DQNConfig
+from rlrun.algos.protocol import EnvSpec
 from rlrun.buffers.replay import ReplayBuffer, importance_weights
 from rlrun.buffers.sum_tree import SumTree
-from rlrun.config import AtariConfig, EnvConfig
+from rlrun.config import AtariConfig, EnvConfig, ModelConfig
 from rlrun.envs import make_vector_env
 
 
@@ -196,3 +199,14 @@ def test_a_full_buffer_holds_its_capacity_in_sampleable_items():
         assert len(replay) >= capacity and len(replay) - capacity < num_envs
     with pytest.raises(ValueError):
         ReplayBuffer(0, 4, (4,), np.float32)
+
+
+def test_a_replay_shard_of_another_layout_is_skipped_and_the_replay_refills(caplog):
+    # Shards saved before the ring held its whole capacity (or for another buffer size) have other row counts.
+    spec = EnvSpec(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), 2)
+    algo = DQN(DQNConfig(buffer_size=64, learning_starts=8), ModelConfig(), spec, torch.device("cpu"))
+    old = ReplayBuffer(40, 2, (3,), np.float32)
+    for _ in range(30):
+        old.add(np.ones((2, 3), np.float32), np.zeros(2, int), np.ones(2), np.zeros(2, bool), np.zeros(2, bool), None)
+    algo.load_shard_state(old.state_dict())
+    assert algo.replay.written == 0 and "replay shard of another layout" in caplog.text

@@ -353,4 +353,7 @@ class DQN:
         return self.replay.state_dict() if self.cfg.replay.checkpoint else None
 
     def load_shard_state(self, state: dict) -> None:
+        if tuple(state["frames"].shape) != self.replay.frames.shape:  # saved by an older rlrun, or another size
+            log.warning("replay shard of another layout (%s rows): this rank refills its replay", len(state["frames"]))
+            return
         self.replay.load_state_dict(state)

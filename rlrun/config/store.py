@@ -7,6 +7,7 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
 from rlrun.config import PlayConfig, TrainConfig
@@ -34,7 +35,11 @@ def from_yaml(text: str, overrides: list[str] = ()) -> TrainConfig:
             continue
         if key in GROUPS:
             raise UserError(f"resume keeps the checkpoint's {key}; override its keys ({key}.x=...) instead")
-        OmegaConf.update(merged, key, override.value(), merge=True)
+        try:
+            OmegaConf.update(merged, key, override.value(), merge=True)
+        except OmegaConfBaseException as e:
+            message = str(e).splitlines()[0]
+            raise UserError(f"{override.input_line}: {message} (the checkpoint's algo is {saved.algo.name})") from e
     return OmegaConf.to_object(merged)
 
 

@@ -43,7 +43,8 @@ class FlatAdam:
         self.grads.zero_()
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> Tensor:
-        """nn.utils.clip_grad_norm_ for the parameters this optimizer holds, in three calls on the flat gradient."""
+        """nn.utils.clip_grad_norm_ for `parameters`, which must be those this optimizer holds (the algorithms
+        pass their model's): three calls on the flat gradient."""
         norm = torch.linalg.vector_norm(self.grads)
         self.grads.mul_((max_norm / (norm + 1e-6)).clamp_(max=1.0))
         return norm
@@ -84,7 +85,8 @@ class FlatAdam:
         saved = state["param_groups"][0]["params"]
         if len(saved) != len(self.owned):
             raise ValueError(f"optimizer state for {len(saved)} parameters, the model has {len(self.owned)}")
-        self.param_groups[0]["lr"] = state["param_groups"][0]["lr"]
+        group = state["param_groups"][0]  # its settings win, as in torch.optim.Adam.load_state_dict
+        self.param_groups[0]["lr"], self.eps, self.betas = group["lr"], group["eps"], tuple(group["betas"])
         per_param = [state["state"].get(i) for i in saved]
         if any(s is None for s in per_param):  # never stepped
             self.steps.zero_()
