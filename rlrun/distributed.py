@@ -23,7 +23,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 # Messages a rank raises only because another rank died first; never the root cause.
-PEER_LOSS = (
+_PEER_LOSS = (
     "Connection closed by peer",
     "Connection reset by peer",
     "DistBackendError",
@@ -34,9 +34,10 @@ PEER_LOSS = (
 )
 
 
-def is_peer_loss(error: BaseException) -> bool:
-    """Whether `error` is a collective failing because a peer rank is gone."""
-    return isinstance(error, dist.DistBackendError) or any(p in str(error) for p in PEER_LOSS)
+def is_peer_loss(error: BaseException | str) -> bool:
+    """Whether `error` (an exception, or a rank's recorded error message) is a collective failing because a
+    peer rank is gone."""
+    return isinstance(error, dist.DistBackendError) or any(p in str(error) for p in _PEER_LOSS)
 
 
 def launched_externally() -> bool:

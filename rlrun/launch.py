@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 
 from rlrun.config import TrainConfig
 from rlrun.config.store import from_yaml
-from rlrun.distributed import PEER_LOSS
+from rlrun.distributed import is_peer_loss
 
 log = logging.getLogger("rlrun")
 
@@ -75,7 +75,7 @@ def root_cause(error: ChildFailedError) -> str:
         if isinstance(data, dict):
             trace = data.get("extraInfo", {}).get("py_callstack", data.get("message", ""))
             stamp = int(data.get("extraInfo", {}).get("timestamp", 0))
-            peer_loss = any(p in data.get("message", "") for p in PEER_LOSS)
+            peer_loss = is_peer_loss(data.get("message", ""))
             candidates.append((peer_loss, stamp, rank - first.local_rank + int(path.parent.name), trace))
     if not candidates:
         code = first.exitcode

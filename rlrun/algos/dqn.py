@@ -163,19 +163,13 @@ class DQN:
     global batches drawn across all shards. Knows nothing of ranks beyond its shard's index and gather."""
 
     def __init__(self, cfg: DQNConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
-        reductions = reductions or Reductions()
-        obs_space, action_space, num_envs, shards = (
-            spec.observation_space,
-            spec.action_space,
-            spec.num_envs,
-            reductions.shards,
-        )
+        obs_space, action_space, num_envs = spec.observation_space, spec.action_space, spec.num_envs
         if not isinstance(action_space, gym.spaces.Discrete):
             raise UserError(f"algo=dqn needs a discrete action space; this env has {action_space}")
         self.cfg = cfg
         self.device = device
         self.num_envs = num_envs
-        self.shards = shards
+        self.shards = (reductions or Reductions()).shards
         self.model = QNetwork(model_cfg, obs_space, action_space, cfg.dueling).to(device)
         self.target = copy.deepcopy(self.model).requires_grad_(False)
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size, cfg.loss)

@@ -18,10 +18,15 @@ def identity(x: Tensor) -> Tensor:
     return x
 
 
+def global_moments(x: Tensor, mean_all: MeanAll = identity) -> tuple[Tensor, Tensor]:
+    """(mean, variance) of all elements of `x` over all ranks; `mean_all` averages a scalar across ranks."""
+    mu = mean_all(x.mean())
+    return mu, mean_all((x - mu).square().mean())
+
+
 def normalize_advantages(adv: Tensor, mean_all: MeanAll = identity) -> Tensor:
     """Zero-mean, unit-variance advantages; `mean_all` averages a scalar across ranks."""
-    mu = mean_all(adv.mean())
-    var = mean_all((adv - mu).square().mean())
+    mu, var = global_moments(adv, mean_all)
     return (adv - mu) / (var.sqrt() + 1e-8)
 
 

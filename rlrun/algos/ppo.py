@@ -160,7 +160,8 @@ class PPOLearner(nn.Module):
 # (rlrun/fast/worker_acting.py). `out` holds the rollout's arrays under Rollout's names, [T, N, ...]: the rank's
 # Rollout, or a worker's rows of the arrays it shares with the rank.
 
-_ENV_ROWS = ("rewards_np", "terminated_np", "truncated_np")  # numpy views of the rollout's CPU tensors
+ACTED = ("obs", "actions", "log_probs", "values")  # what act_step stores
+STEPPED = ("rewards_np", "terminated_np", "truncated_np")  # what observe_step stores (numpy views), and next_values
 # (obs [n, ...], t, envs) -> action, log-prob, value; and (final obs [k, ...], their env indices) -> V [k]
 Act = Callable[[Tensor, int, slice], tuple[Tensor, Tensor, Tensor]]
 ValueOf = Callable[[np.ndarray, np.ndarray], Tensor]
@@ -315,8 +316,8 @@ class PPO:
         double-buffers: a group steps while the policy acts for the next). Returns the observations after the
         rollout and the episodes that ended."""
         r, groups, episodes = self.rollout, envs.groups, []
-        acted = {name: _StepRows(getattr(r, name)) for name in ("obs", "actions", "log_probs", "values")}
-        out = SimpleNamespace(**acted, next_values=r.next_values, **{k: getattr(r, k) for k in _ENV_ROWS})
+        acted = {name: _StepRows(getattr(r, name)) for name in ACTED}
+        out = SimpleNamespace(**acted, next_values=r.next_values, **{k: getattr(r, k) for k in STEPPED})
         obs = [obs[g] for g in groups]
         for t in range(self.cfg.num_steps + 1):
             for i, g in enumerate(groups):

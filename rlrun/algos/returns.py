@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlrun.algos.normalize import MeanAll, identity
+from rlrun.algos.normalize import MeanAll, global_moments, identity
 
 
 def compute_gae(
@@ -42,10 +42,5 @@ def compute_gae(
 def explained_variance(predicted: Tensor, target: Tensor, mean_all: MeanAll = identity) -> float:
     """1 - Var[target - predicted] / Var[target] over all ranks (`mean_all` averages a scalar across them; ranks
     hold equal batches); nan when the target is constant."""
-    var = _variance(target, mean_all)
-    return float("nan") if var == 0 else float(1 - _variance(target - predicted, mean_all) / var)
-
-
-def _variance(x: Tensor, mean_all: MeanAll) -> Tensor:
-    mu = mean_all(x.mean())
-    return mean_all((x - mu).square().mean())
+    var = global_moments(target, mean_all)[1]
+    return float("nan") if var == 0 else float(1 - global_moments(target - predicted, mean_all)[1] / var)

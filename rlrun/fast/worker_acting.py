@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.ppo import PPO, act_step, observe_step
+from rlrun.algos.ppo import ACTED, PPO, STEPPED, act_step, observe_step
 from rlrun.algos.protocol import Episodes
 from rlrun.envs.pool import WorkerContext, WorkerPool
 from rlrun.envs.sync import step_results
@@ -22,8 +22,7 @@ from rlrun.models import ActorCritic, build_actor_critic
 from rlrun.models import distributions as D
 
 # The rollout's arrays the workers write, [T, N, ...], under the names act_step and observe_step use.
-_POLICY = ("obs", "actions", "log_probs", "values", "next_values")
-_ENV = ("rewards_np", "terminated_np", "truncated_np")
+_WRITTEN = (*ACTED, "next_values", *STEPPED)
 
 
 class WorkerActing:
@@ -33,7 +32,7 @@ class WorkerActing:
         self.algo, self.pool = algo, pool
         r = algo.rollout
         num_steps, num_envs = r.values.shape
-        specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _POLICY + _ENV}
+        specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _WRITTEN}
         specs["noise"] = ((num_steps, num_envs, algo.model.policy_head.out_features), np.float32)
         specs["weights"] = ((sum(p.numel() for p in algo.model.parameters()),), np.float32)
         self.shared = {name: torch.from_numpy(a) for name, a in pool.share(specs).items()}
@@ -52,7 +51,7 @@ class WorkerActing:
         s["noise"].copy_(noise.exponential_() if model.discrete else noise.normal_())  # as the samplers draw it
         self.pool.buffers["obs"][:] = obs
         per_worker = self.pool.run("rollout", _rollout_in_worker, num_steps)
-        for name in _POLICY + _ENV:
+        for name in _WRITTEN:
             torch.as_tensor(getattr(r, name)).copy_(s[name])
         episodes = [worker[t] for t in range(num_steps) for worker in per_worker]  # workers hold ascending envs
         return self.pool.buffers["obs"].copy(), episodes
@@ -82,7 +81,7 @@ def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[Episodes]:
     """In a worker: num_steps rollout steps of its envs, on its rows of the shared rollout. Returns the
     episodes that ended at each step."""
     model, noise = w.memory["policy"], w.shared["noise"][:, w.rows]
-    out = SimpleNamespace(**{name: w.shared[name][:, w.rows] for name in _POLICY + _ENV})
+    out = SimpleNamespace(**{name: w.shared[name][:, w.rows] for name in _WRITTEN})
     envs = slice(0, w.rows.stop - w.rows.start)  # this worker's envs, in its rows of `out`
 
     def act(x: Tensor, t: int, _: slice) -> tuple[Tensor, Tensor, Tensor]:
