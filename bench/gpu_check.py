@@ -22,13 +22,20 @@ CASES = {
     "ppo cnn breakout": ["algo=ppo", "env=breakout", "env.vector.backend=sync", "env.num_envs=4", "algo.num_steps=64"],
     "ppo lstm cartpole_masked": ["algo=ppo", "env=cartpole_masked", "model=lstm"],
     "dqn per cartpole": ["algo=dqn", "env=cartpole", "algo.replay.prioritized=true", "algo.learning_starts=512"],
+    "a2c mlp cartpole": ["algo=a2c", "env=cartpole"],
+    "a2c cnn breakout": ["algo=a2c", "env=breakout", "env.vector.backend=sync", "env.num_envs=4"],
+    # A user's network with BatchNorm: SyncBatchNorm over nccl with 2 GPUs.
+    "a2c user batchnorm": ["algo=a2c", "env=cartpole", "model._target_=tests.data.user_nets.BatchNormNet"],
 }
 STEPS = 4096
 COMMON = ["device=cuda", "logging.progress=none", "eval.every_steps=0", "eval.episodes=2", "eval.num_envs=2"]
 
 
 def run(folder: Path, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    repo = str(Path(__file__).resolve().parent.parent)  # tests.data.user_nets, for the user-network case
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+    )
     cmd = [sys.executable, "-m", "rlrun", "train", *COMMON, *args]
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -1,9 +1,11 @@
-"""rlrun PPO vs Stable-Baselines3 PPO: same envs (rlrun's own env builders), same hyperparameters, same step
+"""rlrun vs Stable-Baselines3, PPO and A2C: same envs (rlrun's own env builders), same hyperparameters, same step
 budget and thread count, one after the other in this process. Prints SPS of each, the ratio, final eval.
-Same numbers do not quite mean the same loss: SB3's value clipping (clip_range_vf) keeps only the clipped
+SB3 steps its envs in-process (DummyVecEnv, its default); rlrun as its presets say (Breakout: forked workers).
+Same numbers do not quite mean the same PPO loss: SB3's value clipping (clip_range_vf) keeps only the clipped
 prediction's error where rlrun (as CleanRL) takes the larger of both, and SB3's value loss has no 1/2 factor.
+A2C's losses are the same (rlrun's follows SB3's).
 
-    .venv/bin/python bench/ppo_throughput.py [--only cartpole|breakout] [--breakout-steps N]
+    .venv/bin/python bench/ppo_throughput.py [--only cartpole|breakout|a2c-cartpole|a2c-breakout] [--breakout-steps N]
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ CASES = {
     "breakout": dict(
         overrides=["env=breakout", "env.num_envs=8", "eval.episodes=4", "eval.num_envs=4"], threads=2, seeds=2
     ),
+    # rl-zoo3's a2c.yml presets (conf/tuned/a2c_*.yaml): CartPole 8 envs x 5 steps; Atari 16 x 5, TF-style RMSprop.
+    "a2c-cartpole": dict(overrides=["algo=a2c", "env=cartpole"], threads=1, seeds=2),
+    "a2c-breakout": dict(
+        overrides=["algo=a2c", "env=breakout", "eval.episodes=4", "eval.num_envs=4"], threads=2, seeds=1
+    ),
 }
 
 
@@ -73,6 +80,43 @@ def run_rlrun(cfg: TrainConfig) -> tuple[float, float]:
 
 
 def run_sb3(cfg: TrainConfig) -> tuple[float, float]:
+    return run_sb3_a2c(cfg) if cfg.algo.name == "a2c" else run_sb3_ppo(cfg)
+
+
+def run_sb3_a2c(cfg: TrainConfig) -> tuple[float, float]:
+    from stable_baselines3 import A2C
+    from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    a = cfg.algo
+    torch.set_num_threads(cfg.threads)
+    env = DummyVecEnv([make_env(cfg.env, train=True) for _ in range(cfg.env.num_envs)])
+    cnn = cfg.model.name == "nature_cnn"
+    policy_kwargs = {} if cnn else dict(net_arch=dict(pi=cfg.model.hidden_sizes, vf=cfg.model.hidden_sizes))
+    if a.optimizer == "rmsprop_tf":
+        policy_kwargs |= dict(optimizer_class=RMSpropTFLike, optimizer_kwargs=dict(alpha=a.alpha, eps=a.eps))
+    model = A2C(
+        "CnnPolicy" if cnn else "MlpPolicy",
+        env,
+        learning_rate=(lambda f: a.lr * f) if a.anneal_lr else a.lr,
+        n_steps=a.num_steps,
+        gamma=a.gamma,
+        gae_lambda=a.gae_lambda,
+        ent_coef=a.ent_coef,
+        vf_coef=a.vf_coef,
+        max_grad_norm=a.max_grad_norm,
+        rms_prop_eps=a.eps,
+        use_rms_prop=a.optimizer != "adam",
+        normalize_advantage=a.norm_adv,
+        policy_kwargs=policy_kwargs,
+        seed=cfg.seed,
+        device="cpu",
+        verbose=0,
+    )
+    return learn_and_evaluate(model, cfg)
+
+
+def run_sb3_ppo(cfg: TrainConfig) -> tuple[float, float]:
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -131,7 +175,7 @@ def main() -> None:
     for name, case in CASES.items():
         if args.only and name != args.only:
             continue
-        steps = args.breakout_steps if name == "breakout" else None
+        steps = args.breakout_steps if name.endswith("breakout") else None
         ours, peer = [], []
         for seed in range(1, case["seeds"] + 1):  # the two libraries alternate, so drift hits both alike
             cfg = rlrun_config(case["overrides"], case["threads"], steps, seed)

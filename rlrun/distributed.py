@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,14 +108,20 @@ class RankContext:
         dist.all_gather(out, y)
         return torch.stack(out).to(x.device)
 
-    def wrap(self, module: nn.Module) -> nn.Module:
-        """The learner as training calls it: in DDP when distributed, so its forward syncs gradients."""
+    def wrap(
+        self,
+        module: nn.Module,
+        trained: Iterable[nn.Parameter],
+        find_unused_parameters: bool = False,
+        sync_batchnorm: bool = True,
+    ) -> nn.Module:
+        """The learner as training calls it: in DDP when distributed, so its forward syncs the gradients of the
+        `trained` parameters (rlrun/ddp.py); as it is otherwise."""
         if not self.distributed:
             return module
-        from torch.nn.parallel import DistributedDataParallel
+        from rlrun import ddp
 
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(module, device_ids=ids)
+        return ddp.wrap(module, trained, self.device, find_unused_parameters, sync_batchnorm)
 
 
 def torchrun_job() -> tuple[int, str] | None:
@@ -137,8 +144,9 @@ def from_env(device: str) -> RankContext:
 
 
 def parameter_digest(module: nn.Module) -> str:
-    """A short hash of all parameter values: equal on every rank when DDP kept them in sync."""
+    """A short hash of all parameter and buffer values (BatchNorm's statistics): equal on every rank when DDP kept
+    them in sync."""
     h = hashlib.sha256()
-    for p in module.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    for t in [*module.parameters(), *module.buffers()]:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]

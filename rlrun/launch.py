@@ -82,6 +82,9 @@ def root_cause(error: ChildFailedError) -> str:
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         return f"rank {rank} failed with {how} (no traceback recorded)"
     _, _, rank, trace = min(candidates)
+    last = trace.rstrip().splitlines()[-1] if trace.strip() else ""
+    if last.startswith("rlrun.errors.UserError: "):  # bad input found in the rank (a user's network): one line
+        return f"rank {rank}: {last.removeprefix('rlrun.errors.UserError: ')}"
     return f"rank {rank} failed:\n{trace.rstrip()}"
 
 

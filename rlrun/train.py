@@ -9,6 +9,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -180,7 +181,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     shapes = ctx.all_gather(algo.update_shape)
     if len(set(shapes)) > 1:  # unequal minibatch counts would hang DDP's all-reduce: fail instead
         raise RuntimeError(f"ranks disagree on (minibatch size, minibatches, epochs): {shapes}")
-    algo.wrap_learner(ctx.wrap)  # DDP broadcasts rank 0's parameters here
+    d = cfg.distributed
+    algo.wrap_learner(
+        partial(ctx.wrap, find_unused_parameters=d.find_unused_parameters, sync_batchnorm=d.sync_batchnorm)
+    )
+    # (DDP broadcast rank 0's parameters there)
     steps_per_iteration = algo.steps_per_collect * ctx.world_size
     num_iterations = cfg.total_steps // steps_per_iteration
     env_steps = iteration = 0

@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlrun.algos import DQNConfig, PPOConfig
+from rlrun.algos import A2CConfig, DQNConfig, PPOConfig
 from rlrun.config import CONF_DIR, AtariConfig, TrainConfig, validate_train
 from rlrun.config.store import register_configs
 
@@ -18,10 +18,10 @@ def typed(*overrides: str) -> TrainConfig:
 
 
 @pytest.mark.parametrize("env", ENVS)
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
 def test_every_pair_composes_and_validates(algo, env):
     cfg = typed(f"algo={algo}", f"env={env}")
-    assert isinstance(cfg.algo, {"ppo": PPOConfig, "dqn": DQNConfig}[algo])
+    assert isinstance(cfg.algo, {"ppo": PPOConfig, "a2c": A2CConfig, "dqn": DQNConfig}[algo])
     validate_train(cfg)
     assert cfg.model.name == ("nature_cnn" if env == "breakout" else "mlp")
     assert isinstance(cfg.env.atari, AtariConfig) == (env == "breakout")

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rlrun.algos import build_algo
+from rlrun.algos.a2c import A2CConfig
 from rlrun.algos.dqn import DQNConfig, ReplayConfig
 from rlrun.algos.ppo import PPOConfig
 from rlrun.algos.protocol import EnvSpec
@@ -26,6 +27,7 @@ from tests.simulated_device import simulated_device
 BREAKOUT = EnvConfig(id="ALE/Breakout-v5", num_envs=2)
 CARTPOLE = EnvConfig(id="CartPole-v1", num_envs=2)
 CNN = ModelConfig(name="nature_cnn", hidden_sizes=[32], activation="relu", shared=True)
+USER_BN = ModelConfig(_target_="tests.data.user_nets.BatchNormNet")
 SMALL_PPO = {"num_steps": 8, "num_minibatches": 2, "update_epochs": 1}
 
 CASES = {
@@ -50,6 +52,11 @@ CASES = {
         CNN,
         BREAKOUT,
     ),
+    "a2c-mlp": (A2CConfig(num_steps=8, norm_adv=True), ModelConfig(), CARTPOLE),
+    "a2c-cnn-rmsprop-tf": (A2CConfig(num_steps=4, optimizer="rmsprop_tf"), CNN, BREAKOUT),
+    "a2c-continuous-adam": (A2CConfig(optimizer="adam"), ModelConfig(), EnvConfig(id="Pendulum-v1")),
+    "a2c-user-batchnorm": (A2CConfig(num_steps=8), USER_BN, CARTPOLE),
+    "ppo-user-batchnorm": (PPOConfig(**SMALL_PPO), USER_BN, CARTPOLE),
 }  # fmt: skip
 
 
@@ -106,7 +113,12 @@ def test_observations_of_any_dtype_reach_the_networks_as_float32_and_frames_stay
     try:
         for env_id in ("rlrun-test/CartPoleFloat64-v0", "rlrun-test/CartPoleBytes-v0"):
             env_cfg = EnvConfig(id=env_id, num_envs=2)
-            for algo_cfg in (PPOConfig(**SMALL_PPO), DQNConfig(buffer_size=256, learning_starts=16, train_freq=8)):
+            configs = (
+                PPOConfig(**SMALL_PPO),
+                A2CConfig(),
+                DQNConfig(buffer_size=256, learning_starts=16, train_freq=8),
+            )
+            for algo_cfg in configs:
                 envs = SyncEnvs([make_env(env_cfg, train=True) for _ in range(2)])
                 try:
                     spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 2)

@@ -18,7 +18,7 @@ from rlrun.errors import UserError
 register_configs()
 
 BAD_TRAIN = [
-    (["algo=nope"], "unknown algo 'nope'; choose one of: dqn, ppo"),
+    (["algo=nope"], "unknown algo 'nope'; choose one of: a2c, dqn, ppo"),
     (["algo=dqn", "algo.exploration_fraction=2"], "algo.exploration_fraction=2.0: must be in (0, 1]"),
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a discrete action space"),
     (["algo=dqn", "model=lstm"], "model=lstm trains with algo=ppo"),
@@ -52,6 +52,23 @@ BAD_TRAIN = [
     (["model=lru", "model.lru_decay=learned"], "model.lru_decay=learned: accepted are fixed, input"),
     (["model=lstm", "model.encoder=cnn"], "model.encoder=cnn: accepted are mlp, nature_cnn"),
     (["model=gru", "model.core_size=0"], "model.core_size=0: must be >= 1"),
+    (["algo=a2c", "algo.optimizer=sgd"], "algo.optimizer=sgd: accepted are rmsprop, rmsprop_tf, adam"),
+    (["algo=a2c", "model=lstm"], "model=lstm trains with algo=ppo; algo=a2c takes model=mlp or nature_cnn"),
+    (["algo=a2c", "total_steps=10"], "less than one unroll"),
+    (["model.kwargs.hidden=64"], "'model.kwargs.hidden' is not set yet; add it with +model.kwargs.hidden=VALUE"),
+    (["model._target_=no_such_module.Net"], "model._target_=no_such_module.Net: cannot import it (No module named"),
+    (["model._target_=tests.data.user_nets.Nope"], "cannot import it (module 'tests.data.user_nets' has no attribute"),
+    (
+        ["model._target_=tests.data.user_nets.TinyActorCritic", "+model.kwargs.width=3"],
+        "failed: TypeError: TinyActorCritic.__init__() got an unexpected keyword argument 'width'",
+    ),
+    (
+        ["model._target_=tests.data.user_nets.WrongOutputs"],
+        "forward(obs [2, 4]) must return (logits [2, 2], value [2]) for this env and algorithm; it returned [2, 2]",
+    ),
+    (["algo=dqn", "model._target_=tests.data.user_nets.TinyActorCritic"], "must return Q-values [2, 2]"),
+    (["algo=dqn", "algo.dueling=true", "model._target_=tests.data.user_nets.TinyQ"], "put it in your network"),
+    (["model=lstm", "model._target_=tests.data.user_nets.TinyQ"], "model._target_ networks are feedforward"),
 ]
 
 

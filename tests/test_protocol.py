@@ -44,7 +44,7 @@ class Bandit:
         self.next_obs = None
 
     def wrap_learner(self, wrap):
-        self.learner = wrap(self.learner)
+        self.learner = wrap(self.learner, list(self.model.parameters()))
 
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs

@@ -61,7 +61,7 @@ def gradient(ctx: RankContext, counts: tuple[int, int]) -> list[np.ndarray]:
     torch.manual_seed(0)
     model = QNetwork(ModelConfig(activation="relu"), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), dueling=True)
     per_rank = total // len(counts)  # the configured batch_size: the global batch is ranks x batch_size
-    learner = ctx.wrap(DQNLearner(model, per_rank if ctx.distributed else total))
+    learner = ctx.wrap(DQNLearner(model, per_rank if ctx.distributed else total), list(model.parameters()))
     start = sum(counts[: ctx.rank]) if ctx.distributed else 0
     mine = slice(start, start + counts[ctx.rank]) if ctx.distributed else slice(0, total)
     loss, _, _ = learner(obs[mine], actions[mine], targets[mine], weights[mine])

@@ -4,16 +4,31 @@ in conf/algo/."""
 
 from __future__ import annotations
 
+import gymnasium as gym
 import torch
+from torch import nn
 
+from rlrun.algos.a2c import A2C, A2CConfig
 from rlrun.algos.dqn import DQN, DQNConfig
 from rlrun.algos.ppo import PPO, PPOConfig
 from rlrun.algos.protocol import Algorithm, Entry, EnvSpec, Reductions
 from rlrun.config import ModelConfig
+from rlrun.models import build_actor_critic
+from rlrun.models.q_network import build_q_network
+
+
+def actor_critic(cfg, model_cfg: ModelConfig, obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
+    return build_actor_critic(model_cfg, obs_space, action_space)
+
+
+def q_network(cfg, model_cfg: ModelConfig, obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
+    return build_q_network(model_cfg, obs_space, action_space, cfg.dueling)
+
 
 ALGORITHMS: dict[str, Entry] = {
-    "ppo": Entry(PPOConfig, PPO),
-    "dqn": Entry(DQNConfig, DQN, discrete_actions=True),
+    "ppo": Entry(PPOConfig, PPO, actor_critic),
+    "a2c": Entry(A2CConfig, A2C, actor_critic),
+    "dqn": Entry(DQNConfig, DQN, q_network, discrete_actions=True),
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -16,13 +16,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from rlrun.algos.protocol import EnvSpec, Reductions, episodes_of
+from rlrun.algos.protocol import EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
 from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
 from rlrun.envs import finished_episodes
 from rlrun.errors import UserError
+from rlrun.models import trainable
 from rlrun.models.encoders import observation_dtype
-from rlrun.models.q_network import QNetwork
+from rlrun.models.q_network import build_q_network
 
 log = logging.getLogger("rlrun")
 
@@ -67,6 +68,10 @@ class DQNConfig:
 
     def validate(self, run: TrainConfig) -> None:
         """Range and consistency checks against the whole run's config; UserError with one line."""
+        check(
+            not (self.dueling and run.model._target_),
+            "algo.dueling=true builds rlrun's dueling head; with model._target_ put it in your network instead",
+        )
         world_size = run.distributed.nproc_per_node * run.distributed.nnodes
         check(
             run.model.name not in RECURRENT_MODELS,
@@ -126,9 +131,12 @@ def q_targets(
 
 
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """target <- tau * online + (1 - tau) * target (tau = 1: copy)."""
+    """target <- tau * online + (1 - tau) * target (tau = 1: copy) for the parameters; buffers (BatchNorm's
+    statistics) are copied, as SB3 does."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)  # one call, not one per tensor
+        for t, o in zip(target.buffers(), online.buffers()):
+            t.copy_(o)
 
 
 def td_loss(q: Tensor, targets: Tensor, kind: str) -> Tensor:
@@ -146,7 +154,7 @@ class DQNLearner(nn.Module):
     sum_i w_i td_loss(Q(s_i, a_i), y_i) / batch_size: with DDP's gradient averaging over the ranks this is the
     mean over the global batch even when ranks hold different numbers of its items (replay.py)."""
 
-    def __init__(self, model: QNetwork, batch_size: int, loss: str = "mse"):
+    def __init__(self, model: nn.Module, batch_size: int, loss: str = "mse"):
         super().__init__()
         self.model = model
         self.batch_size = batch_size
@@ -170,10 +178,11 @@ class DQN:
         self.device = device
         self.num_envs = num_envs
         self.shards = (reductions or Reductions()).shards
-        self.model = QNetwork(model_cfg, obs_space, action_space, cfg.dueling).to(device)
-        self.target = copy.deepcopy(self.model).requires_grad_(False)
+        self.model = build_q_network(model_cfg, obs_space, action_space, cfg.dueling).to(device)
+        self.target = copy.deepcopy(self.model).requires_grad_(False).eval()  # computes targets only
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size, cfg.loss)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
+        self.optimizer = torch.optim.Adam(self.trained, lr=cfg.lr, eps=cfg.adam_eps)
         self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
         self.num_actions = int(action_space.n)
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
@@ -201,8 +210,8 @@ class DQN:
     def steps_per_collect(self) -> int:
         return self.cfg.train_freq * self.num_envs
 
-    def wrap_learner(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
-        self.learner = wrap(self.learner)
+    def wrap_learner(self, wrap: Wrap) -> None:
+        self.learner = wrap(self.learner, self.trained)
 
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs
@@ -225,6 +234,7 @@ class DQN:
         """train_freq epsilon-greedy vector steps into the replay shard; returns finished episodes."""
         c = self.cfg
         self.epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction, progress)
+        self.model.eval()  # acting; update() learns in train mode
         obs, episodes = self.next_obs, []
         self.env_steps_seen += self.steps_per_collect
         for _ in range(c.train_freq):
@@ -243,6 +253,7 @@ class DQN:
         Nothing happens until the shards hold learning_starts items together (the same decision on all ranks:
         it reads gathered numbers)."""
         c, replay = self.cfg, self.replay
+        self.model.train()
         for group in self.optimizer.param_groups:  # the configured rate, also after a resume that changed it
             group["lr"] = c.lr
         beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
@@ -303,7 +314,7 @@ class DQN:
         loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, weights)
         self.optimizer.zero_grad()
         loss.backward()
-        self.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        self.clip_grad_norm_(self.trained, c.max_grad_norm)
         self.optimizer.step()
         replay.update_priorities(items, td_abs.cpu().numpy())
         self.updates += 1
@@ -315,6 +326,7 @@ class DQN:
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
         """Greedy actions (deterministic) or epsilon-greedy with the final epsilon, for evaluation and play.
         (`starts`, the envs whose episodes begin here, matters only to policies with memory.)"""
+        self.model.eval()
         return self._explore(obs, 0.0 if deterministic else self.cfg.end_e)
 
     def state_dict(self) -> dict:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -23,12 +22,12 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.normalize import RunningMoments, normalize_advantages
-from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, episodes_of
+from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
+from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, observe_step
 from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
 from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
-from rlrun.envs import finished_episodes
-from rlrun.models import RecurrentActorCritic, build_actor_critic
+from rlrun.models import RecurrentActorCritic, build_actor_critic, trainable
 from rlrun.models.encoders import observation_dtype
 
 
@@ -155,63 +154,7 @@ class PPOLearner(nn.Module):
         return loss, stats
 
 
-# The rollout step, in two halves so that a double-buffered vector env can step one group of envs while the
-# policy acts for the other. Every collector runs these: the rank's loop below and the env workers' loop
-# (rlrun/fast/worker_acting.py). `out` holds the rollout's arrays under Rollout's names, [T, N, ...]: the rank's
-# Rollout, or a worker's rows of the arrays it shares with the rank.
-
-ACTED = ("obs", "actions", "log_probs", "values")  # what act_step stores
-STEPPED = ("rewards_np", "terminated_np", "truncated_np")  # what observe_step stores (numpy views), and next_values
-# (obs [n, ...], t, envs) -> action, log-prob, value; and (final obs [k, ...], their env indices) -> V [k]
-Act = Callable[[Tensor, int, slice], tuple[Tensor, Tensor, Tensor]]
-ValueOf = Callable[[np.ndarray, np.ndarray], Tensor]
-
-
-def act_step(act: Act, obs: Tensor, t: int, envs: slice, out: Any) -> Tensor:
-    """Act on the observations `obs` of the envs `envs` at rollout step t, storing obs, action, log-prob and
-    value in row t of `out`; returns the actions."""
-    action, log_prob, value = act(obs, t, envs)
-    out.obs[t, envs] = obs
-    out.actions[t, envs] = action
-    out.log_probs[t, envs] = log_prob
-    out.values[t, envs] = value
-    return action
-
-
-def observe_step(value_of: ValueOf, result: tuple, t: int, envs: slice, out: Any) -> tuple[np.ndarray, Episodes]:
-    """Store what the envs `envs` returned for rollout step t: rewards and flags, and where an episode was
-    truncated, V of its final observation (in next_values), which the return bootstraps from (a terminated
-    episode does not bootstrap). Returns the envs' next observations and the episodes that ended."""
-    obs, reward, terminated, truncated, info = result
-    out.rewards_np[t, envs] = reward
-    out.terminated_np[t, envs] = terminated
-    out.truncated_np[t, envs] = truncated
-    cut = np.flatnonzero(truncated)
-    if len(cut):  # the autoreset replaced the final observation; gymnasium keeps it in the info
-        out.next_values[t, envs.start + cut] = value_of(np.stack(info["final_obs"][cut]), envs.start + cut)
-    ended, returns, lengths = finished_episodes(info, len(reward))
-    return obs, (returns[ended], lengths[ended])
-
-
 CollectSteps = Callable[[VectorEnv, np.ndarray], tuple[np.ndarray, list[Episodes]]]
-
-
-class _StepRows:
-    """One rollout tensor [T, N, ...] as act_step writes it on the rank: each step's rows are kept as they come
-    and written in one copy per group of envs when the rollout ends (a copy per step and field costs more than
-    acting does for a few envs)."""
-
-    def __init__(self, target: Tensor):
-        self.target, self.rows = target, {}
-
-    def __setitem__(self, index: tuple[int, slice], value: Tensor) -> None:
-        _, envs = index  # steps come in order, each group's at every step
-        self.rows.setdefault((envs.start, envs.stop), []).append(value)
-
-    def flush(self) -> None:
-        for (start, stop), values in self.rows.items():
-            self.target[:, start:stop] = torch.stack(values)
-        self.rows.clear()
 
 
 class PPO:
@@ -229,7 +172,8 @@ class PPO:
         self.model = build_actor_critic(model_cfg, obs_space, action_space).to(device)
         self.recurrent = isinstance(self.model, RecurrentActorCritic)
         self.learner: nn.Module = PPOLearner(self.model, cfg)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
+        self.optimizer = torch.optim.Adam(self.trained, lr=cfg.lr, eps=cfg.adam_eps)
         self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
         self.policy: nn.Module = self.model  # what acts while collecting: .act(obs), .value(obs) (feedforward)
         self.collect_steps: CollectSteps = self._act_and_step
@@ -265,8 +209,8 @@ class PPO:
         c = self.cfg
         return self.steps_per_collect // c.num_minibatches, c.num_minibatches, c.update_epochs
 
-    def wrap_learner(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
-        self.learner = wrap(self.learner)
+    def wrap_learner(self, wrap: Wrap) -> None:
+        self.learner = wrap(self.learner, self.trained)
 
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs
@@ -316,7 +260,7 @@ class PPO:
         double-buffers: a group steps while the policy acts for the next). Returns the observations after the
         rollout and the episodes that ended."""
         r, groups, episodes = self.rollout, envs.groups, []
-        acted = {name: _StepRows(getattr(r, name)) for name in ACTED}
+        acted = {name: StepRows(getattr(r, name)) for name in ACTED}
         out = SimpleNamespace(**acted, next_values=r.next_values, **{k: getattr(r, k) for k in STEPPED})
         obs = [obs[g] for g in groups]
         for t in range(self.cfg.num_steps + 1):
@@ -336,6 +280,7 @@ class PPO:
         """One rollout of num_steps x num_envs transitions into self.rollout; returns the episodes that ended.
         (`progress`, the fraction of training done, is for algorithms with exploration schedules.)"""
         r = self.rollout
+        self.model.eval()  # acting; update() learns in train mode (as SB3 does: BatchNorm's statistics are kept)
         if self.recurrent:
             r.initial_state.copy_(self.state)
         self.next_obs, episodes = self.collect_steps(envs, self.next_obs)
@@ -357,6 +302,7 @@ class PPO:
         """Epochs x minibatches of PPO on the last rollout. `progress` in [0, 1) is the fraction of training
         done, which sets the annealed learning rate."""
         c, r = self.cfg, self.rollout
+        self.model.train()
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -381,7 +327,7 @@ class PPO:
                 loss, stats = self.learner(**minibatch)
                 self.optimizer.zero_grad()
                 loss.backward()
-                self.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+                self.clip_grad_norm_(self.trained, c.max_grad_norm)
                 self.optimizer.step()
                 totals += stats
                 count += 1
@@ -420,6 +366,7 @@ class PPO:
         whose episode starts with this observation: a recurrent policy carries one state per env from call to
         call (apart from training's) and resets it there, and starts afresh when B changes; a feedforward
         policy ignores it."""
+        self.model.eval()
         x = self.preprocess(obs)
         if not self.recurrent:
             return self.model.act(x, deterministic)[0].cpu().numpy()

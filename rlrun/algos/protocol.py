@@ -14,6 +14,8 @@ from torch import nn
 from rlrun.algos.normalize import MeanAll, identity
 from rlrun.buffers.replay import ONE_SHARD, Shards
 
+# (learner, the parameters its optimizers train) -> the learner as training calls it (in DDP when distributed)
+Wrap = Callable[[nn.Module, list[nn.Parameter]], nn.Module]
 Episodes = tuple[np.ndarray, np.ndarray]  # (returns [k], lengths [k]) of the episodes that ended
 
 
@@ -73,7 +75,7 @@ class Algorithm(Protocol):
     steps_per_collect: int  # env steps one collect takes on this rank
     update_shape: tuple[int, int, int]  # (batch per step, steps per epoch, epochs): equal on every rank
 
-    def wrap_learner(self, wrap: Callable[[nn.Module], nn.Module]) -> None: ...
+    def wrap_learner(self, wrap: Wrap) -> None: ...  # learner = wrap(learner, the parameters its optimizers train)
     def start(self, obs: np.ndarray) -> None: ...  # the observations (after a reset) collecting starts from
     def collect(self, envs: VectorEnv, progress: float) -> dict[str, np.ndarray]: ...
     def update(self, progress: float) -> dict[str, float]: ...
@@ -89,8 +91,12 @@ class Algorithm(Protocol):
 @dataclass(frozen=True)
 class Entry:
     """An algorithm in the registry: its config schema (conf/algo/NAME.yaml is checked against it) and how to
-    build it. `discrete_actions` says it needs a Discrete action space (the config check builds an env to see)."""
+    build it. `discrete_actions` says it needs a Discrete action space (the config check builds an env to see);
+    `network` (its config section, the model config, observation space, action space) builds its network, which
+    the config check does for a user's network (model._target_) to check it before a run starts; an algorithm
+    without one takes no user network."""
 
     schema: type
     build: Callable[..., Any]
+    network: Callable[[Any, Any, gym.Space, gym.Space], nn.Module] | None = None
     discrete_actions: bool = False

@@ -61,6 +61,11 @@ class ModelConfig:
     encoder: str = "mlp"  # recurrent models: what runs before the core, mlp | nature_cnn (image observations)
     core_size: int = 128  # recurrent models: LSTM/GRU hidden size, LRU state size (complex)
     lru_decay: str = "fixed"  # lru: fixed (a learned decay per channel) | input (scaled by the input each step)
+    # Your own network instead (the keys above are then unused): the import path of an nn.Module class or factory,
+    # called as _target_(observation_space=..., action_space=..., **kwargs) by Hydra's instantiate. README: "Your
+    # own network" says what its forward returns for each algorithm.
+    _target_: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def convolutional(model: ModelConfig) -> bool:
@@ -99,6 +104,10 @@ class DistributedConfig:
     node_rank: int = 0
     rdzv_endpoint: str = ""  # host:port of node 0, reachable from every node (nnodes > 1)
     max_restarts: int = 0  # the elastic agent restarts the whole job this often after a failure
+    # DDP: let parameters go without a gradient in some updates (a branch used on some steps only). Off, a
+    # parameter the loss never reaches ends the run at the first update, naming it.
+    find_unused_parameters: bool = False
+    sync_batchnorm: bool = True  # BatchNorm layers normalize over all ranks' batch (when world size > 1)
     start_method: str = "fork"  # fork (fast start) | spawn (fresh interpreters, some GPU setups need it)
 
 
@@ -173,6 +182,10 @@ def validate_train(cfg: TrainConfig) -> None:
 def _validate_model(m: ModelConfig) -> None:
     check(m.name in MODELS, f"model.name={m.name}: accepted are {', '.join(MODELS)}")
     check(m.activation in ("tanh", "relu"), f"model.activation={m.activation}: tanh or relu")
+    check(
+        m._target_ is None or m.name not in RECURRENT_MODELS,
+        f"model._target_ networks are feedforward; model.name={m.name} cannot go with it (leave model=mlp)",
+    )
     if m.name not in RECURRENT_MODELS:
         return
     check(m.shared, f"model.shared=false: {m.name} shares its encoder and core between actor and critic")

@@ -43,6 +43,8 @@ def error_line(ex: Exception, defaults: DictConfig) -> str:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(defaults, parent) if parent else defaults
         known = list(node.keys()) if isinstance(node, DictConfig) else []
+        if parent.endswith("kwargs"):  # a free-form dict (env.kwargs, model.kwargs): new keys take a +
+            return f"'{key}' is not set yet; add it with +{key}=VALUE"
         close = difflib.get_close_matches(leaf, known, n=1)
         hint = f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else ""
         where = f"keys under {parent}" if parent else "top-level keys"

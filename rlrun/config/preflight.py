@@ -130,14 +130,19 @@ def preflight(command: str, args: list[str]) -> list[str]:
 
 
 def _preflight_train(typed: TrainConfig) -> None:
-    from rlrun.envs import check_discrete_actions, check_env_id, import_env_modules
+    from rlrun.envs import check_discrete_actions, check_env_id, env_spaces, import_env_modules
 
     if typed.resume is None:
         validate_train(typed)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
-        if ALGORITHMS[typed.algo.name].discrete_actions:
+        entry = ALGORITHMS[typed.algo.name]
+        if entry.discrete_actions:
             check_discrete_actions(typed.env, typed.algo.name)
+        if typed.model._target_ is not None:  # the user's network, built and run once on sample observations
+            if entry.network is None:
+                raise UserError(f"algo={typed.algo.name} builds its own network; it takes no model._target_")
+            entry.network(typed.algo, typed.model, *env_spaces(typed.env))
 
 
 def _resume_args(overrides: list[str], args: list[str]) -> list[str]:

@@ -53,11 +53,17 @@ def check_env_id(env_id: str) -> None:
     raise UserError(f"unknown env id '{env_id}'{hint}")
 
 
+def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
+    """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied)."""
+    env = make_env(cfg, train=False)()
+    spaces = env.observation_space, env.action_space
+    env.close()
+    return spaces
+
+
 def check_discrete_actions(cfg: EnvConfig, algo: str) -> None:
     """Raise UserError when the env's actions are not Discrete (value-based algorithms need them)."""
-    env = make_env(cfg, train=False)()
-    space = env.action_space
-    env.close()
+    space = env_spaces(cfg)[1]
     if not isinstance(space, gym.spaces.Discrete):
         raise UserError(f"algo={algo} needs a discrete action space; {cfg.id} has {space}")
 

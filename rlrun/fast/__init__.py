@@ -5,24 +5,30 @@ With algo.fast=false none applies and the run is the reference, end to end."""
 
 from __future__ import annotations
 
+from rlrun.algos.a2c import A2C
 from rlrun.algos.dqn import DQN
 from rlrun.algos.ppo import PPO
 from rlrun.algos.protocol import Algorithm, VectorEnv
 from rlrun.envs.pool import WorkerPool
+from rlrun.fast.channels_last import ChannelsLast
 from rlrun.fast.flat_adam import flat_adam_like
+from rlrun.fast.fused_a2c import FusedA2CUnroll
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.worker_acting import WorkerActing
+from rlrun.models import ActorCritic
 from rlrun.models.encoders import NatureCNN
 
 
 def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
     """Swap the accelerations that apply into `algo` (built, not yet trained or wrapped in DDP), which collects
     from `envs`; returns their names, for the log. Each with the condition it needs and why it pays:"""
-    if not (isinstance(algo, (PPO, DQN)) and algo.cfg.fast):
+    if not (isinstance(algo, (PPO, A2C, DQN)) and algo.cfg.fast):
         return []  # algo.fast=false, or an algorithm none of these accelerates
-    applied = []
     cpu = algo.device.type == "cpu"
+    if isinstance(algo, A2C):
+        return _accelerate_a2c(algo, cpu)
+    applied = []
     if isinstance(algo, PPO) and cpu and any(isinstance(m, NatureCNN) for m in algo.model.modules()):
         # oneDNN's convolution backward is faster on channels-last input: the rollout stores frames so,
         # paying the permute once per rollout, and minibatches gathered from it (take_rows) stay so.
@@ -36,7 +42,7 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
         applied.append("fused PPO loss")
     # PPO and DQN alike: parameters and gradients in one flat buffer each, so zeroing, clipping and the Adam step
     # are a few calls for the whole model, not a few per parameter tensor.
-    algo.optimizer = flat_adam_like(algo.optimizer, list(algo.model.parameters()))
+    algo.optimizer = flat_adam_like(algo.optimizer, algo.trained)
     algo.clip_grad_norm_ = algo.optimizer.clip_grad_norm_
     applied.append("flat Adam")
     if isinstance(algo, PPO) and cpu and fusable(algo.model):
@@ -52,6 +58,19 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
     return applied
 
 
+def _accelerate_a2c(algo: A2C, cpu: bool) -> list[str]:
+    if fusable(algo.model):
+        # Steps act without autograd, keeping their activations; the loss over the unroll is one autograd node with
+        # a hand-written gradient: the reference's backward walks num_steps graphs, on a small MLP operator overhead.
+        algo.learner = FusedA2CUnroll(algo.model, algo.cfg, algo.num_envs, algo.obs_dtype, algo.mean_all)
+        return ["fused A2C unroll"]
+    if cpu and any(isinstance(m, NatureCNN) for m in algo.model.modules()):
+        # As for PPO: oneDNN's convolution backward is faster on channels-last frames (one copy per step here).
+        algo.learner.policy = ChannelsLast(algo.model)
+        return ["channels-last frames"]
+    return []
+
+
 def _workers_can_act(algo: PPO, envs: VectorEnv) -> bool:
     """algo.act_in_workers, on a worker pool that is not double-buffering (then the rank acts for one half while
     the other steps), for a feedforward CPU policy without observation normalization (whose statistics move
@@ -60,7 +79,7 @@ def _workers_can_act(algo: PPO, envs: VectorEnv) -> bool:
         algo.cfg.act_in_workers
         and isinstance(envs, WorkerPool)
         and len(envs.groups) == 1
-        and not algo.recurrent
+        and type(algo.model) is ActorCritic  # the workers build their copies of rlrun's own networks
         and not algo.cfg.normalize_obs
         and algo.device.type == "cpu"
         and not any(True for _ in algo.model.buffers())

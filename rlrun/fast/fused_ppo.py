@@ -92,6 +92,48 @@ def _trunk_backward(g: Tensor, x: Tensor, acts: list[Tensor], params: list[Tenso
     return [torch.bmm(g.transpose(1, 2), x.expand(2, *x.shape)).view(-1, x.shape[1]), g.sum(1).view(-1), *grads]
 
 
+def distribution_forward(out: Tensor, actions: Tensor, log_std: Tensor | None) -> tuple[Tensor, Tensor, tuple]:
+    """(log pi(a|s) [B], sum over the batch of sum(p log p) (the negative entropy), what distribution_backward
+    needs) from the policy head's output [B, A] (categorical logits; a Gaussian mean when log_std is given)."""
+    if log_std is None:
+        log_p = out.log_softmax(-1)
+        p = log_p.exp()
+        neg_entropy = (p * log_p).sum(-1)
+        return log_p.gather(1, actions.unsqueeze(1)).squeeze(1), neg_entropy.sum(), (log_p, p, neg_entropy)
+    inv_std = torch.exp(-log_std)
+    z = (actions - out) * inv_std
+    log_prob = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * LOG_2PI * out.shape[1]
+    neg_entropy_sum = (log_std.sum() + 0.5 * (1.0 + LOG_2PI) * out.shape[1]) * -len(out)
+    return log_prob, neg_entropy_sum, (z, inv_std)
+
+
+def distribution_backward(
+    dist: tuple, actions: Tensor, g_log_prob: Tensor, g_entropy: Tensor
+) -> tuple[Tensor, list[Tensor]]:
+    """(gradient of the policy head's output [B, A], [gradient of log_std] if Gaussian) of a loss whose gradient is
+    g_log_prob [B] with respect to each log pi(a|s) and -g_entropy with respect to the mean entropy."""
+    if len(dist) == 3:
+        log_p, p, neg_entropy = dist
+        # d log pi(a) / d logits = onehot(a) - p;  d sum(p log p) / d logits = p (log p - sum(p log p))
+        g_out = p * ((g_entropy / len(p)) * (log_p - neg_entropy.unsqueeze(1)) - g_log_prob.unsqueeze(1))
+        return g_out.scatter_add_(1, actions.unsqueeze(1), g_log_prob.unsqueeze(1)), []
+    z, inv_std = dist
+    # d log pi / d log_std = z^2 - 1 per dimension; the entropy grows by 1 per unit of log_std.
+    return g_log_prob.unsqueeze(1) * z * inv_std, [g_log_prob @ (z.square() - 1) - g_entropy]
+
+
+def network_backward(
+    g_out: Tensor, g_value: Tensor, x: Tensor, acts: list[Tensor], trunk: list[Tensor], head: list[Tensor], relu: bool
+) -> tuple[list[Tensor], list[Tensor]]:
+    """(trunk gradients, head gradients) of fused_params' order, from the gradients of the policy head's output
+    [B, A] and of the values [B]."""
+    actor, critic = acts[-1][0], acts[-1][1]
+    wp, _, wv, _ = head[:4]
+    g_head = [g_out.t().mm(actor), g_out.sum(0), g_value.unsqueeze(0).mm(critic), g_value.sum(0, keepdim=True)]
+    g_features = torch.stack([g_out.mm(wp), g_value.unsqueeze(1) * wv])
+    return _trunk_backward(g_features, x, acts, trunk, relu), g_head
+
+
 class FusedPPOLoss(torch.autograd.Function):
     """loss, stats = FusedPPOLoss.apply(cfg, relu, discrete, obs, actions, old_log_probs, advantages, returns,
     old_values, *params); advantages already normalized if configured, params as ActorCritic.fused_params().
@@ -109,20 +151,7 @@ class FusedPPOLoss(torch.autograd.Function):
         trunk, head = list(params[:n_trunk]), list(params[n_trunk:])
         acts = twin_mlp_forward(x, trunk, relu)
         out, values = _heads_forward(acts[-1], head)
-        if discrete:
-            log_p = out.log_softmax(-1)
-            p = log_p.exp()
-            log_prob = log_p.gather(1, actions.unsqueeze(1)).squeeze(1)
-            neg_entropy = (p * log_p).sum(-1)
-            neg_entropy_sum = neg_entropy.sum()
-            ctx.dist = (log_p, p, neg_entropy)
-        else:
-            log_std = head[4]
-            inv_std = torch.exp(-log_std)
-            z = (actions - out) * inv_std
-            log_prob = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * LOG_2PI * out.shape[1]
-            neg_entropy_sum = (log_std.sum() + 0.5 * (1.0 + LOG_2PI) * out.shape[1]) * -n
-            ctx.dist = (z, inv_std)
+        log_prob, neg_entropy_sum, ctx.dist = distribution_forward(out, actions, head[4] if not discrete else None)
         log_ratio = log_prob - old_log_probs
         ratio = log_ratio.exp()
         clamped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
@@ -162,23 +191,9 @@ class FusedPPOLoss(torch.autograd.Function):
         scale = grad_loss / len(x)  # every term is a mean over the minibatch
         # d(-surrogate) / d log pi(a|s) = -A r where it counts.
         g_log_prob = surrogate_used * -scale
-        if ctx.discrete:
-            log_p, p, neg_entropy = ctx.dist
-            # d log pi(a) / d logits = onehot(a) - p;  d sum(p log p) / d logits = p (log p - sum(p log p))
-            g_out = p * ((cfg.ent_coef * scale) * (log_p - neg_entropy.unsqueeze(1)) - g_log_prob.unsqueeze(1))
-            g_out.scatter_add_(1, actions.unsqueeze(1), g_log_prob.unsqueeze(1))
-            g_log_std = []
-        else:
-            z, inv_std = ctx.dist
-            g_out = g_log_prob.unsqueeze(1) * z * inv_std
-            # d log pi / d log_std = z^2 - 1 per dimension; the entropy grows by 1 per unit of log_std.
-            g_log_std = [g_log_prob @ (z.square() - 1) - cfg.ent_coef * grad_loss]
+        g_out, g_log_std = distribution_backward(ctx.dist, actions, g_log_prob, cfg.ent_coef * grad_loss)
         g_value = (cfg.vf_coef * scale) * error
-        actor, critic = acts[-1][0], acts[-1][1]
-        wp, _, wv, _ = head[:4]
-        g_head = [g_out.t().mm(actor), g_out.sum(0), g_value.unsqueeze(0).mm(critic), g_value.sum(0, keepdim=True)]
-        g_features = torch.stack([g_out.mm(wp), g_value.unsqueeze(1) * wv])
-        g_trunk = _trunk_backward(g_features, x, acts, trunk, ctx.relu)
+        g_trunk, g_head = network_backward(g_out, g_value, x, acts, trunk, head, ctx.relu)
         return None, None, None, None, None, None, None, None, None, *g_trunk, *g_head, *g_log_std
 
 

@@ -1,5 +1,5 @@
 """PPO's collect steps run inside the env workers: each forked worker acts for its own envs with a copy of the
-policy and runs the rollout step (rlrun/algos/ppo.py: act_step, observe_step) on its rows of arrays shared with
+policy and runs the rollout step (rlrun/algos/rollout_step.py) on its rows of arrays shared with
 the rank. A rollout then costs the rank one command instead of a round trip per step, and acting runs on every
 core beside the envs. The rank keeps what makes a run reproducible: it copies the weights in before each
 rollout and draws the sampling noise from its own RNG stream, which its checkpoints hold. A drop-in for
@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.ppo import ACTED, PPO, STEPPED, act_step, observe_step
+from rlrun.algos.ppo import PPO
 from rlrun.algos.protocol import Episodes
+from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, observe_step
 from rlrun.envs.pool import WorkerContext, WorkerPool
 from rlrun.envs.sync import step_results
 from rlrun.fast.flat_adam import flat_views

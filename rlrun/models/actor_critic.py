@@ -11,26 +11,34 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.config import RECURRENT_MODELS, ModelConfig
+from rlrun.config.instantiate import instantiate_network
 from rlrun.models import distributions as D
 from rlrun.models.encoders import TwinMLP, build_encoder, layer_init
 from rlrun.models.recurrent import build_core, not_starts
+from rlrun.models.user import check_outputs
 
 
-class _Heads(nn.Module):
-    """Policy and value heads on trunk features, and what PPO asks of the policy's distribution."""
+class _Policy(nn.Module):
+    """The action distribution on a network's policy output (categorical logits, or a Gaussian mean with a
+    state-independent log-std), and what the algorithms ask of a feedforward actor-critic, whose
+    forward(obs) -> (policy output, value)."""
 
-    def _init_heads(self, features: int, action_space: gym.Space) -> None:
+    def _init_distribution(self, action_space: gym.Space) -> int:
+        """Set up the distribution for `action_space`; returns the size of the policy output it takes."""
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if not self.discrete and not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"PPO supports Discrete and Box action spaces, not {action_space}")
+            raise ValueError(f"actor-critics support Discrete and Box action spaces, not {action_space}")
         out = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        self.policy_head = layer_init(nn.Linear(features, out), gain=0.01)
-        self.value_head = layer_init(nn.Linear(features, 1), gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.zeros(out))
+        return out
 
-    def _sample(self, out: Tensor, deterministic: bool) -> tuple[Tensor, Tensor]:
-        """(action, log-prob) from the policy head's output."""
+    def _init_heads(self, features: int, action_space: gym.Space) -> None:
+        self.policy_head = layer_init(nn.Linear(features, self._init_distribution(action_space)), gain=0.01)
+        self.value_head = layer_init(nn.Linear(features, 1), gain=1.0)
+
+    def sample(self, out: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor]:
+        """(action, log-prob) from the policy output."""
         if self.discrete:
             log_p = torch.log_softmax(out, -1)
             action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
@@ -38,14 +46,28 @@ class _Heads(nn.Module):
         action = out if deterministic else D.gaussian_sample(out, self.log_std)
         return action, D.gaussian_log_prob(out, self.log_std, action)
 
-    def _log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+    def log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """(log-prob, entropy) of `actions` under the policy output `out` (any leading shape)."""
         if self.discrete:
             log_p = torch.log_softmax(out, -1)
             return D.categorical_log_prob(log_p, actions), D.categorical_entropy(log_p)
         return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std)
 
+    def value(self, obs: Tensor) -> Tensor:
+        return self(obs)[1]
 
-class ActorCritic(_Heads):
+    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
+        out, value = self(obs)
+        return *self.sample(out, deterministic), value
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(log-prob [B], entropy [B], value [B]) of given actions."""
+        out, value = self(obs)
+        return *self.log_prob_entropy(out, actions), value
+
+
+class ActorCritic(_Policy):
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
         if cfg.shared:
@@ -64,21 +86,22 @@ class ActorCritic(_Heads):
             actor, critic = self.trunk(obs)
         return self.policy_head(actor), self.value_head(critic).squeeze(-1)
 
-    def value(self, obs: Tensor) -> Tensor:
-        return self(obs)[1]
 
-    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
-        out, value = self(obs)
-        return *self._sample(out, deterministic), value
+class UserActorCritic(_Policy):
+    """A user's network (model._target_) as an actor-critic: `net(obs [B, ...])` returns (logits [B, A] for a
+    Discrete action space, or the Gaussian mean [B, D] for a Box one, whose log-std is a parameter here; value
+    [B]). Observations come as the env gives them, as float32 (uint8 for image frames [C, H, W])."""
 
-    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(log-prob [B], entropy [B], value [B]) of given actions."""
-        out, value = self(obs)
-        return *self._log_prob_entropy(out, actions), value
+    def __init__(self, net: nn.Module, action_space: gym.Space):
+        super().__init__()
+        self.net = net
+        self._init_distribution(action_space)
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        return self.net(obs)
 
 
-class RecurrentActorCritic(_Heads):
+class RecurrentActorCritic(_Policy):
     """encoder (MLP or Nature CNN, per step) -> recurrent core (LSTM, GRU or LRU) -> policy and value heads.
 
     `state` [B, S] is the core's state before the step; `starts` [B] (or [T, B]) marks the envs whose episode
@@ -113,7 +136,7 @@ class RecurrentActorCritic(_Heads):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(action, log-prob [B], value [B], next state [B, S]) for one step of a batch of envs."""
         out, value, state = self._step(obs, state, starts)
-        return *self._sample(out, deterministic), value, state
+        return *self.sample(out, deterministic), value, state
 
     def evaluate(self, obs: Tensor, actions: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-prob [T, B], entropy [T, B], value [T, B]) of the actions taken along sequences obs [T, B, ...]
@@ -122,12 +145,18 @@ class RecurrentActorCritic(_Heads):
         features = self.encoder(obs.flatten(0, 1)).unflatten(0, (steps, envs))  # one batched call for all steps
         features, _ = self.core(features, state, starts)
         out, value = self.policy_head(features), self.value_head(features).squeeze(-1)
-        return *self._log_prob_entropy(out, actions), value
+        return *self.log_prob_entropy(out, actions), value
 
 
 def build_actor_critic(
     cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space
-) -> ActorCritic | RecurrentActorCritic:
+) -> ActorCritic | RecurrentActorCritic | UserActorCritic:
+    if cfg._target_ is not None:
+        model = UserActorCritic(instantiate_network(cfg, obs_space, action_space), action_space)
+        size = int(action_space.n) if model.discrete else int(action_space.shape[0])
+        head = "logits" if model.discrete else "Gaussian mean"
+        check_outputs(model, cfg._target_, obs_space, {head: (2, size), "value": (2,)})
+        return model
     if cfg.name in RECURRENT_MODELS:
         return RecurrentActorCritic(cfg, obs_space, action_space)
     return ActorCritic(cfg, obs_space, action_space)

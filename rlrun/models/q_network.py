@@ -6,7 +6,9 @@ import gymnasium as gym
 from torch import Tensor, nn
 
 from rlrun.config import ModelConfig
+from rlrun.config.instantiate import instantiate_network
 from rlrun.models.encoders import build_encoder
+from rlrun.models.user import check_outputs
 
 
 class QNetwork(nn.Module):
@@ -26,3 +28,14 @@ class QNetwork(nn.Module):
         if self.value is not None:
             q = self.value(x) + q - q.mean(-1, keepdim=True)
         return q
+
+
+def build_q_network(
+    cfg: ModelConfig, obs_space: gym.Space, action_space: gym.spaces.Discrete, dueling: bool
+) -> nn.Module:
+    """rlrun's QNetwork, or the user's network (model._target_), whose forward returns Q-values [B, A]."""
+    if cfg._target_ is None:
+        return QNetwork(cfg, obs_space, action_space, dueling)
+    net = instantiate_network(cfg, obs_space, action_space)
+    check_outputs(net, cfg._target_, obs_space, {"Q-values": (2, int(action_space.n))})
+    return net

@@ -1,0 +1,287 @@
+"""Synchronous advantage actor-critic (A2C: Mnih et al. 2016's A3C made synchronous, as in OpenAI baselines and
+SB3), trained straight from the unroll: T steps of acting with autograd on, the envs stepping in between, the
+loss built from what the unroll kept, one backward. No second forward over the rollout.
+
+Under DDP the module whose forward IS the unroll (A2CUnroll) is the wrapped one, so that backward synchronizes
+the gradients (wrapping anything whose forward is not called would sync nothing: ALF issue #913). The envs stay
+in their processes (forked workers, or the rank's own); the policy acts on the rank, because the graph of every
+step must be kept. This file is the whole algorithm: no acceleration in rlrun/fast/ applies to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rlrun.algos.normalize import MeanAll, normalize_advantages
+from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
+from rlrun.algos.returns import compute_gae, explained_variance
+from rlrun.algos.rollout_step import StepRows, observe_step
+from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
+from rlrun.models import build_actor_critic, eval_mode, trainable
+from rlrun.models.encoders import observation_dtype
+
+OPTIMIZERS = ("rmsprop", "rmsprop_tf", "adam")
+
+
+@dataclass
+class A2CConfig:
+    """A2C hyperparameters (names and defaults as SB3's A2C). Sizes are per rank."""
+
+    name: str = "a2c"
+    lr: float = 7e-4
+    anneal_lr: bool = False  # linear decay to 0 over total_steps
+    num_steps: int = 5  # unroll length per env: the steps one backward goes through
+    gamma: float = 0.99
+    gae_lambda: float = 1.0  # 1: n-step returns, as in the paper; below 1: GAE
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = False  # over all ranks' unrolls
+    # rmsprop: torch's (SB3's default) | rmsprop_tf: as TensorFlow 1 (baselines; rl-zoo's Atari runs) | adam
+    optimizer: str = "rmsprop"
+    alpha: float = 0.99  # RMSprop's smoothing constant
+    eps: float = 1e-5  # RMSprop's or Adam's epsilon
+    # The accelerations of rlrun/fast/ where they apply (same algorithm; false runs this file's code only).
+    fast: bool = True
+
+    def validate(self, run: TrainConfig) -> None:
+        """Range and consistency checks against the whole run's config; UserError with one line."""
+        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
+        check(self.num_steps >= 1, f"algo.num_steps={self.num_steps}: must be >= 1")
+        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
+        check(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda}: must be in [0, 1]")
+        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
+        check(self.optimizer in OPTIMIZERS, f"algo.optimizer={self.optimizer}: accepted are {', '.join(OPTIMIZERS)}")
+        check(0 <= self.alpha < 1, f"algo.alpha={self.alpha}: must be in [0, 1)")
+        check(self.eps > 0, f"algo.eps={self.eps}: must be > 0")
+        check(
+            run.model.name not in RECURRENT_MODELS,
+            f"model={run.model.name} trains with algo=ppo; algo=a2c takes model=mlp or nature_cnn (or model._target_)",
+        )
+        world_size = run.distributed.nproc_per_node * run.distributed.nnodes
+        unroll = self.num_steps * run.env.num_envs * world_size
+        check(
+            run.total_steps >= unroll,
+            f"total_steps={run.total_steps} is less than one unroll (algo.num_steps x env.num_envs x ranks = "
+            f"{unroll}); raise total_steps or shorten the unroll",
+        )
+
+
+def a2c_loss(
+    log_probs: Tensor,
+    entropy: Tensor,
+    values: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
+    ent_coef: float,
+    vf_coef: float,
+) -> tuple[Tensor, Tensor]:
+    """-E[A log pi(a|s)] - ent_coef H + vf_coef E[(R - V)^2] over the unroll [T, N] (the value loss without the
+    1/2, as SB3, whose vf_coef values the presets take); advantages and returns carry no gradient. Returns (loss,
+    stats [policy loss, value loss, entropy])."""
+    policy_loss = -(advantages * log_probs).mean()
+    value_loss = (returns - values).square().mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
+    return loss, torch.stack([policy_loss, value_loss, entropy_mean]).detach()
+
+
+STATS = ("policy_loss", "value_loss", "entropy")
+
+
+class A2CUnroll(nn.Module):
+    """forward(envs, obs) runs one unroll from the observations `obs` and returns (loss, stats, the observations
+    after it, the episodes that ended): the module DDP wraps, since its forward is where the graph is built."""
+
+    def __init__(self, model: nn.Module, cfg: A2CConfig, num_envs: int, obs_dtype: torch.dtype, mean_all: MeanAll):
+        super().__init__()
+        self.model, self.cfg, self.obs_dtype, self.mean_all = model, cfg, obs_dtype, mean_all
+        self.policy: nn.Module = model  # what each step runs, obs -> (policy output, value), with autograd
+        device = next(model.parameters()).device
+        shape = (cfg.num_steps, num_envs)
+        # What the envs return, as observe_step stores it (numpy, taken without a conversion); the truncation
+        # bootstrap values, on the device.
+        self.rewards = torch.zeros(shape)
+        self.terminated = torch.zeros(shape, dtype=torch.bool)
+        self.truncated = torch.zeros(shape, dtype=torch.bool)
+        self.next_values = torch.zeros(shape, device=device)
+
+    def preprocess(self, obs: np.ndarray) -> Tensor:
+        return torch.as_tensor(obs, dtype=self.obs_dtype, device=self.next_values.device)
+
+    @torch.no_grad()
+    def value_of(self, obs: np.ndarray, envs: np.ndarray | slice = slice(None)) -> Tensor:
+        """V of raw observations [k, ...] (the final observations of truncated episodes, the one after the unroll):
+        a target, without gradient, in eval mode (some ranks only compute these: no collective may run)."""
+        with eval_mode(self.model):
+            return self.model.value(self.preprocess(obs))
+
+    def forward(self, envs: VectorEnv, obs: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray, list[Episodes]]:
+        outs, values, actions, next_obs, episodes = self.run(envs, obs)
+        log_probs, entropy = self.model.log_prob_entropy(outs, actions)
+        advantages, returns = self.targets(values.detach(), next_obs)
+        loss, stats = a2c_loss(log_probs, entropy, values, advantages, returns, self.cfg.ent_coef, self.cfg.vf_coef)
+        return loss, self.with_explained_variance(stats, values.detach(), returns), next_obs, episodes
+
+    def run(self, envs: VectorEnv, obs: np.ndarray) -> tuple[Tensor, Tensor, Tensor, np.ndarray, list[Episodes]]:
+        """The unroll's steps from `obs`: (policy outputs [T, N, ...] and values [T, N], with the graph of every
+        step, actions [T, N, ...], the observations after the unroll, the episodes that ended). Rewards and flags
+        land in self.rewards, .terminated, .truncated, and truncation bootstraps in .next_values."""
+        outs, values, actions = StepRows(), StepRows(), StepRows()
+        stored = SimpleNamespace(
+            rewards_np=self.rewards.numpy(),
+            terminated_np=self.terminated.numpy(),
+            truncated_np=self.truncated.numpy(),
+            next_values=self.next_values,
+        )
+        groups, episodes = envs.groups, []
+        obs = [obs[g] for g in groups]
+        # A group steps while the policy acts for the next (when the vector env double-buffers).
+        for t in range(self.cfg.num_steps + 1):
+            for i, g in enumerate(groups):
+                if t > 0:
+                    obs[i], ended = observe_step(self.value_of, envs.recv(i), t - 1, g, stored)
+                    episodes.append(ended)
+                if t < self.cfg.num_steps:
+                    policy_out, value = self.policy(self.preprocess(obs[i]))
+                    with torch.no_grad():
+                        action = self.model.sample(policy_out)[0]
+                    outs[t, g], values[t, g], actions[t, g] = policy_out, value, action
+                    envs.send(i, action.cpu().numpy())
+        return outs.stacked(), values.stacked(), actions.stacked(), np.concatenate(obs), episodes
+
+    def targets(self, values: Tensor, next_obs: np.ndarray) -> tuple[Tensor, Tensor]:
+        """(advantages, returns) [T, N] of the last unroll, whose values [T, N] (no gradient) are given; normalized
+        advantages over all ranks if configured."""
+        c, device = self.cfg, values.device
+        terminated, truncated = self.terminated.to(device), self.truncated.to(device)
+        # Bootstrap from the next step's value, except where the episode was truncated (set by observe_step).
+        following = torch.cat([values[1:], self.value_of(next_obs).unsqueeze(0)])
+        next_values = torch.where(truncated, self.next_values, following)
+        done = terminated | truncated
+        rewards = self.rewards.to(device)
+        advantages, returns = compute_gae(rewards, values, next_values, terminated, done, c.gamma, c.gae_lambda)
+        if c.norm_adv:
+            advantages = normalize_advantages(advantages, self.mean_all)
+        return advantages, returns
+
+    def with_explained_variance(self, stats: Tensor, values: Tensor, returns: Tensor) -> Tensor:
+        """stats with this rank's explained variance appended: logged as the mean over ranks, like the losses, with
+        no collective of its own (an update is a few steps here; PPO's is over all ranks' batch)."""
+        ev = explained_variance(values.flatten(), returns.flatten())
+        return torch.cat([stats, torch.tensor([ev], device=stats.device)])
+
+
+class RMSpropTF(torch.optim.Optimizer):
+    """RMSprop as TensorFlow 1 computes it, which the A2C papers' Atari results and rl-zoo's Atari presets use: the
+    mean square starts at 1 (torch: 0, which makes the first steps large) and epsilon sits inside the square root."""
+
+    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-5):
+        super().__init__(params, {"lr": lr, "alpha": alpha, "eps": eps})
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["square_avg"] = torch.ones_like(p)
+                square_avg = state["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
+                p.addcdiv_(p.grad, square_avg.add(group["eps"]).sqrt_(), value=-group["lr"])
+
+
+def build_optimizer(cfg: A2CConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps)
+    if cfg.optimizer == "rmsprop_tf":
+        return RMSpropTF(params, cfg.lr, cfg.alpha, cfg.eps)
+    return torch.optim.RMSprop(params, lr=cfg.lr, alpha=cfg.alpha, eps=cfg.eps)
+
+
+class A2C:
+    """collect() runs the (DDP-wrapped) unroll, which builds the loss; update() takes its one gradient step. The
+    graph lives from one to the other. Knows nothing of ranks: statistics go through `reductions.mean_all`."""
+
+    def __init__(self, cfg: A2CConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+        obs_space = spec.observation_space
+        self.cfg, self.device, self.num_envs = cfg, device, spec.num_envs
+        self.mean_all = (reductions or Reductions()).mean_all
+        self.model = build_actor_critic(model_cfg, obs_space, spec.action_space).to(device)
+        self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
+        self.learner: nn.Module = A2CUnroll(self.model, cfg, spec.num_envs, self.obs_dtype, self.mean_all)
+        self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
+        self.optimizer = build_optimizer(cfg, self.trained)
+        self.next_obs: np.ndarray | None = None  # the observations the next unroll starts from
+        self.loss: Tensor | None = None  # the last unroll's loss, with its graph, until update()
+        self.stats = torch.zeros(len(STATS) + 1)
+
+    @property
+    def steps_per_collect(self) -> int:
+        return self.cfg.num_steps * self.num_envs
+
+    @property
+    def update_shape(self) -> tuple[int, int, int]:
+        """One gradient step on the whole unroll per iteration."""
+        return self.steps_per_collect, 1, 1
+
+    def wrap_learner(self, wrap: Wrap) -> None:
+        self.learner = wrap(self.learner, self.trained)
+
+    def start(self, obs: np.ndarray) -> None:
+        self.next_obs = obs
+
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, np.ndarray]:
+        """One unroll of num_steps x num_envs transitions, keeping its loss (and graph) for update()."""
+        self.model.train()
+        self.loss, self.stats, self.next_obs, episodes = self.learner(envs, self.next_obs)
+        return episodes_of(episodes)
+
+    def update(self, progress: float) -> dict[str, float]:
+        """The gradient step on the last unroll's loss; `progress` in [0, 1) sets the annealed learning rate."""
+        c = self.cfg
+        lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad()
+        self.loss.backward()
+        self.loss = None  # frees the graph
+        nn.utils.clip_grad_norm_(self.trained, c.max_grad_norm)
+        self.optimizer.step()
+        stats = self.stats.tolist()
+        return dict(zip(STATS, stats)) | {"explained_variance": stats[-1], "learning_rate": lr}
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
+        """Actions for a batch of raw observations [B, ...] (evaluation and play; `starts` is for policies with
+        memory, which A2C does not train)."""
+        self.model.eval()
+        x = torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
+        return self.model.act(x, deterministic)[0].cpu().numpy()
+
+    def state_dict(self) -> dict:
+        """What every rank shares: the network and the optimizer."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def rank_state(self) -> dict:
+        """What is this rank's own: the observations its envs are at."""
+        return {"next_obs": torch.from_numpy(np.array(self.next_obs))}
+
+    def load_rank_state(self, state: dict) -> None:
+        self.next_obs = state["next_obs"].numpy().copy()
+
+    def shard_state(self) -> None:
+        return None
+
+    def load_shard_state(self, state: dict) -> None:
+        raise ValueError("A2C keeps no replay shard")

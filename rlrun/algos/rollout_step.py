@@ -1,0 +1,72 @@
+"""The rollout step, written once and run by every collector: the rank's collect loops (PPO, A2C) and the env
+workers' loop (rlrun/fast/worker_acting.py). In two halves, so that a double-buffered vector env can step one
+group of envs while the policy acts for the other."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlrun.algos.protocol import Episodes
+from rlrun.envs import finished_episodes
+
+# `out` holds the rollout's arrays under Rollout's names, [T, N, ...]: the rank's Rollout, or a worker's rows of the
+# arrays it shares with the rank.
+
+ACTED = ("obs", "actions", "log_probs", "values")  # what act_step stores
+STEPPED = ("rewards_np", "terminated_np", "truncated_np")  # what observe_step stores (numpy views), and next_values
+# (obs [n, ...], t, envs) -> action, log-prob, value; and (final obs [k, ...], their env indices) -> V [k]
+Act = Callable[[Tensor, int, slice], tuple[Tensor, Tensor, Tensor]]
+ValueOf = Callable[[np.ndarray, np.ndarray], Tensor]
+
+
+def act_step(act: Act, obs: Tensor, t: int, envs: slice, out: Any) -> Tensor:
+    """Act on the observations `obs` of the envs `envs` at rollout step t, storing obs, action, log-prob and
+    value in row t of `out`; returns the actions."""
+    action, log_prob, value = act(obs, t, envs)
+    out.obs[t, envs] = obs
+    out.actions[t, envs] = action
+    out.log_probs[t, envs] = log_prob
+    out.values[t, envs] = value
+    return action
+
+
+def observe_step(value_of: ValueOf, result: tuple, t: int, envs: slice, out: Any) -> tuple[np.ndarray, Episodes]:
+    """Store what the envs `envs` returned for rollout step t: rewards and flags, and where an episode was
+    truncated, V of its final observation (in next_values), which the return bootstraps from (a terminated
+    episode does not bootstrap). Returns the envs' next observations and the episodes that ended."""
+    obs, reward, terminated, truncated, info = result
+    out.rewards_np[t, envs] = reward
+    out.terminated_np[t, envs] = terminated
+    out.truncated_np[t, envs] = truncated
+    cut = np.flatnonzero(truncated)
+    if len(cut):  # the autoreset replaced the final observation; gymnasium keeps it in the info
+        out.next_values[t, envs.start + cut] = value_of(np.stack(info["final_obs"][cut]), envs.start + cut)
+    ended, returns, lengths = finished_episodes(info, len(reward))
+    return obs, (returns[ended], lengths[ended])
+
+
+class StepRows:
+    """One rollout tensor [T, N, ...] as a collect loop writes it on the rank: each step's rows are kept as they
+    come and written in one copy per group of envs when the rollout ends (a copy per step and field costs more
+    than acting does for a few envs), or stacked into one tensor that keeps their autograd graph (A2C)."""
+
+    def __init__(self, target: Tensor | None = None):
+        self.target, self.rows = target, {}
+
+    def __setitem__(self, index: tuple[int, slice], value: Tensor) -> None:
+        _, envs = index  # steps come in order, each group's at every step
+        self.rows.setdefault((envs.start, envs.stop), []).append(value)
+
+    def stacked(self) -> Tensor:
+        """The rows as one tensor [T, N, ...], groups in env order; differentiable."""
+        return torch.cat([torch.stack(self.rows[g]) for g in sorted(self.rows)], dim=1)
+
+    def flush(self) -> None:
+        for (start, stop), values in self.rows.items():
+            self.target[:, start:stop] = torch.stack(values)
+        self.rows.clear()
