@@ -1,5 +1,10 @@
-"""PPO on Breakout with 1 rank and with N ranks (same envs per rank), through the real CLI: global SPS,
-scaling efficiency SPS_N / (N x SPS_1), and the time from command to the first training iteration.
+"""PPO on Breakout with 1 rank and with N ranks (same envs per rank), through the real CLI: global SPS, and the
+time from command to the first training iteration. Two ratios, each meaningful on its own kind of machine:
+- at equal cores, SPS_N / SPS_1: both runs use all of this machine's cores (1 rank takes them all, N ranks share
+  them), so this is what DDP costs or gains here (its collectives, the ranks' work split);
+- per-rank efficiency, SPS_N / (N x SPS_1): the scaling figure, meaningful only where each rank has cores (or a
+  GPU) of its own, N times those of the 1-rank run; on a machine where 1 rank already uses every core it divides
+  by cores that do not exist, and the table says so.
 On a GPU box the same command uses nccl and one GPU per rank (device=auto).
 
     .venv/bin/python bench/ddp_scaling.py [--ranks 2] [--iterations 6] [--env breakout]
@@ -58,11 +63,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         one = run(1, args.iterations, args.env, Path(tmp) / "one")
         many = run(args.ranks, args.iterations, args.env, Path(tmp) / "many")
-    print(f"\nPPO on {args.env}, 8 envs per rank, {os.cpu_count()} cores")
-    print("| ranks | global SPS | scaling efficiency | command to first iteration |")
-    print("|---|---|---|---|")
-    print(f"| 1 | {one[0]:.0f} | 1.00 | {one[1]:.1f} s |")
-    print(f"| {args.ranks} | {many[0]:.0f} | {many[0] / (args.ranks * one[0]):.2f} | {many[1]:.1f} s |")
+    cores = os.cpu_count() or 1
+    own_cores = cores >= 2 * args.ranks  # each rank could have the cores (at least 2) the 1-rank run used
+    per_rank = f"{many[0] / (args.ranks * one[0]):.2f}" + ("" if own_cores else " (not meaningful here)")
+    print(f"\nPPO on {args.env}, 8 envs per rank, {cores} cores")
+    print("| ranks | global SPS | at equal cores: SPS_N / SPS_1 | per-rank efficiency | command to first iteration |")
+    print("|---|---|---|---|---|")
+    print(f"| 1 | {one[0]:.0f} | 1.00 | 1.00 | {one[1]:.1f} s |")
+    print(f"| {args.ranks} | {many[0]:.0f} | {many[0] / one[0]:.2f} | {per_rank} | {many[1]:.1f} s |")
+    if not own_cores:
+        print(f"Here 1 rank already uses all {cores} cores: the equal-cores ratio is DDP's overhead on them; the")
+        print("per-rank efficiency needs a machine where each rank has cores of its own.")
 
 
 if __name__ == "__main__":

@@ -12,18 +12,9 @@ import torch
 import yaml
 
 from rlrun.errors import UserError
+from rlrun.run_folder import checkpoint_name, list_checkpoints, resolve_checkpoint
 
 FORMAT_VERSION = 3  # 3: optimizer state in torch.optim.Adam's format; 2: FlatAdam's flat buffers (upgraded on load)
-_PREFIX = "ckpt_"
-
-
-def checkpoint_name(env_steps: int) -> str:
-    return f"{_PREFIX}{env_steps:012d}.pt"
-
-
-def list_checkpoints(directory: Path) -> list[Path]:
-    """Checkpoints in `directory`, oldest first (names sort by step)."""
-    return sorted(directory.glob(f"{_PREFIX}*.pt")) if directory.is_dir() else []
 
 
 class Checkpointer:
@@ -108,30 +99,6 @@ def _load_data(path: Path, kind: str):
 class NullCheckpointer:
     def save(self, state: dict, env_steps: int) -> None:
         return None
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as given, or the newest checkpoint of a run folder (or of its checkpoints/)."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return p
-    if p.is_dir():
-        found = list_checkpoints(p / "checkpoints") or list_checkpoints(p)
-        if found:
-            return found[-1]
-        raise UserError(f"no checkpoint in {p} (expected {p}/checkpoints/{_PREFIX}*.pt)")
-    raise UserError(f"checkpoint not found: {p} (give a checkpoint file or a run folder)")
-
-
-def is_newest(checkpoint: Path) -> bool:
-    """Whether no checkpoint of a later step lies beside `checkpoint`."""
-    found = list_checkpoints(checkpoint.parent)
-    return not found or found[-1].name <= checkpoint.name
-
-
-def run_dir_of(checkpoint: Path) -> Path | None:
-    """The run folder a checkpoint was saved in, if it sits in one."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
 def _upgrade_from_2(state: dict) -> None:

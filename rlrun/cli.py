@@ -51,11 +51,11 @@ def user_errors() -> Iterator[None]:
 
 def _known_error(e: BaseException) -> tuple[str, int] | None:
     """(message, exit code) for errors rlrun explains itself; None for a bug, which keeps its traceback."""
+    if isinstance(e, UserError):  # before the imports below, which bring torch: a typo's line stays quick
+        return str(e), 2
     from rlrun.envs.pool import EnvWorkerError
     from rlrun.launch import failed_ranks
 
-    if isinstance(e, UserError):
-        return str(e), 2
     if isinstance(e, EnvWorkerError):
         return str(e), 1
     message = failed_ranks(e)
@@ -164,13 +164,14 @@ def main(argv: list[str] | None = None) -> None:
     if command == "report":
         _report(args)
         return
+    from rlrun.config.hydra_compat import runs_nothing
     from rlrun.config.preflight import preflight
     from rlrun.config.store import register_configs
 
-    register_configs()  # the schemas the apps compose against (importing the algorithms for theirs)
+    register_configs()  # the schemas the apps compose against
     with user_errors():
         args = preflight(command, args)
-    if command == "train":
+    if command == "train" and not runs_nothing(args):  # printing a config needs no run folder (nor torch)
         args = _torchrun_args(args)
     sys.argv = [f"rlrun {command}", *args]
     APPS[command]()

@@ -37,10 +37,8 @@ class RunLogger:
             self.metrics_path.write_text(history.read_text())
         _truncate_after(self.metrics_path, start_steps)
         self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_steps or None)
+        # Made at the first metrics written: importing TensorBoard's writer costs a fraction of a second of start-up.
+        self.tensorboard, self.start_steps = tensorboard, start_steps
         if progress == "auto":
             progress = "rich" if sys.stdout.isatty() else "plain"
         self.mode = progress
@@ -81,6 +79,10 @@ class RunLogger:
         record = {"env_steps": env_steps, **{k: v for k, v in metrics.items() if k not in TIMING_KEYS}}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.tensorboard and self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.start_steps or None)
         if self.writer is not None:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, value, env_steps)

@@ -22,10 +22,8 @@ from rlrun.buffers.replay import Shards
 from rlrun.checkpoint import (
     Checkpointer,
     NullCheckpointer,
-    list_checkpoints,
     load_shard,
     rng_state,
-    run_dir_of,
     save_shard,
     set_rng_state,
 )
@@ -35,6 +33,7 @@ from rlrun.envs import env_seeds, frame_stack, make_vector_env
 from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
+from rlrun.run_folder import list_checkpoints, run_dir_of
 
 
 class StopSignal:

@@ -1,6 +1,7 @@
 """The CLI as a user meets it, in real subprocesses: help, composed config, and one clear line (exit 2, no
 traceback, no run folder) for every kind of bad input."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +98,32 @@ def test_play_without_checkpoint_and_unknown_command(tmp_path):
     assert out.returncode == 2 and "missing value for 'checkpoint'" in out.stderr
     out = rlrun("trian", cwd=tmp_path)
     assert out.returncode == 2 and "unknown command 'trian'; choose one of: train, play" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (["train", "--cfg", "job"], 0),
+        (["train", "env=breakout", "--cfg", "job"], 0),
+        (["train", "--help"], 0),
+        (["play", "--help"], 0),
+        (["train", "algo.lrr=1"], 2),
+        (["train", "env.id=CartPol-v1"], 2),
+        (["train", "algo=dqn", "env=pendulum"], 2),
+        (["train", "resume=does/not/exist"], 2),
+    ],
+)
+def test_config_commands_and_preflight_errors_import_no_torch(tmp_path, args, code):
+    """What only composes, checks or prints a config answers without torch (a second and a half of imports)."""
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rlrun", *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == code, out.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "rlrun.config.preflight" in imported  # the composition and checks really ran
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "torch was imported"

@@ -14,9 +14,7 @@ import pytest
 import torch
 
 from rlrun.algos import build_algo
-from rlrun.algos.a2c import A2CConfig
-from rlrun.algos.dqn import DQNConfig, ReplayConfig
-from rlrun.algos.ppo import PPOConfig
+from rlrun.algos.configs import A2CConfig, DQNConfig, PPOConfig, ReplayConfig
 from rlrun.algos.protocol import EnvSpec
 from rlrun.checkpoint import rng_state, set_rng_state
 from rlrun.config import EnvConfig, ModelConfig

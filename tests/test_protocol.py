@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from rlrun.algos import ALGORITHMS
-from rlrun.algos.protocol import Entry, EnvSpec, Reductions, episodes_of
+from rlrun.algos import ALGORITHMS, Entry
+from rlrun.algos.protocol import EnvSpec, Reductions, episodes_of
 from rlrun.checkpoint import load_checkpoint
 from rlrun.config import EnvConfig, EvalConfig, LoggingConfig, ModelConfig, TrainConfig, check
 from rlrun.config.store import to_yaml

@@ -1,40 +1,63 @@
-"""The algorithms by config name: the one place an algorithm is registered. A new algorithm is one module here
-(its schema with a validate method, and a class implementing protocol.Algorithm), its entry below and one yaml
-in conf/algo/."""
+"""The algorithms by config name: the one place an algorithm is registered. A new algorithm is one module here (a
+class implementing protocol.Algorithm), its schema in configs.py, its entry below and one yaml in conf/algo/.
+Nothing here imports torch: composing a config reads the registry, and an algorithm's module is imported only
+when a run builds it."""
 
 from __future__ import annotations
 
-import gymnasium as gym
-import torch
-from torch import nn
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from rlrun.algos.a2c import A2C, A2CConfig
-from rlrun.algos.dqn import DQN, DQNConfig
-from rlrun.algos.ppo import PPO, PPOConfig
-from rlrun.algos.protocol import Algorithm, Entry, EnvSpec, Reductions
+from rlrun.algos.configs import A2CConfig, DQNConfig, PPOConfig, ReplayConfig
 from rlrun.config import ModelConfig
-from rlrun.models import build_actor_critic
-from rlrun.models.q_network import build_q_network
+
+__all__ = ["ALGORITHMS", "A2CConfig", "DQNConfig", "Entry", "PPOConfig", "ReplayConfig", "build_algo"]
 
 
-def actor_critic(cfg, model_cfg: ModelConfig, obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
+@dataclass(frozen=True)
+class Entry:
+    """An algorithm in the registry: its config schema (conf/algo/NAME.yaml is checked against it) and how to
+    build it: a class, or "module:Class" imported when a run builds one. `discrete_actions` says it needs a
+    Discrete action space (the config check builds an env to see); `network` (its config section, the model
+    config, observation space, action space) builds its network, which the config check does for a user's network
+    (model._target_) to check it before a run starts; an algorithm without one takes no user network."""
+
+    schema: type
+    build: Callable[..., Any] | str
+    network: Callable[..., Any] | None = None
+    discrete_actions: bool = False
+
+    def algorithm(self) -> Callable[..., Any]:
+        if not isinstance(self.build, str):
+            return self.build
+        module, name = self.build.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def actor_critic(cfg, model_cfg: ModelConfig, obs_space, action_space):
+    from rlrun.models import build_actor_critic
+
     return build_actor_critic(model_cfg, obs_space, action_space)
 
 
-def q_network(cfg, model_cfg: ModelConfig, obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
+def q_network(cfg, model_cfg: ModelConfig, obs_space, action_space):
+    from rlrun.models.q_network import build_q_network
+
     return build_q_network(model_cfg, obs_space, action_space, cfg.dueling)
 
 
 ALGORITHMS: dict[str, Entry] = {
-    "ppo": Entry(PPOConfig, PPO, actor_critic),
-    "a2c": Entry(A2CConfig, A2C, actor_critic),
-    "dqn": Entry(DQNConfig, DQN, q_network, discrete_actions=True),
+    "ppo": Entry(PPOConfig, "rlrun.algos.ppo:PPO", actor_critic),
+    "a2c": Entry(A2CConfig, "rlrun.algos.a2c:A2C", actor_critic),
+    "dqn": Entry(DQNConfig, "rlrun.algos.dqn:DQN", q_network, discrete_actions=True),
 }
 
 
-def build_algo(
-    cfg, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions: Reductions | None = None
-) -> Algorithm:
-    """The algorithm named by cfg.name, for envs of `spec`, on `device`, reaching other ranks through
-    `reductions` (none: one process)."""
-    return ALGORITHMS[cfg.name].build(cfg, model_cfg, spec, device, reductions or Reductions())
+def build_algo(cfg, model_cfg: ModelConfig, spec, device, reductions=None):
+    """The algorithm named by cfg.name (a protocol.Algorithm), for envs of `spec` (protocol.EnvSpec), on `device`,
+    reaching other ranks through `reductions` (protocol.Reductions; none: one process)."""
+    from rlrun.algos.protocol import Reductions
+
+    return ALGORITHMS[cfg.name].algorithm()(cfg, model_cfg, spec, device, reductions or Reductions())

@@ -10,66 +10,21 @@ step must be kept. This file is the whole algorithm: no acceleration in rlrun/fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlrun.algos.configs import A2CConfig
 from rlrun.algos.normalize import MeanAll, normalize_advantages
 from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import StepRows, observe_step
-from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
+from rlrun.config import ModelConfig
 from rlrun.models import build_actor_critic, eval_mode, trainable
 from rlrun.models.encoders import observation_dtype
-
-OPTIMIZERS = ("rmsprop", "rmsprop_tf", "adam")
-
-
-@dataclass
-class A2CConfig:
-    """A2C hyperparameters (names and defaults as SB3's A2C). Sizes are per rank."""
-
-    name: str = "a2c"
-    lr: float = 7e-4
-    anneal_lr: bool = False  # linear decay to 0 over total_steps
-    num_steps: int = 5  # unroll length per env: the steps one backward goes through
-    gamma: float = 0.99
-    gae_lambda: float = 1.0  # 1: n-step returns, as in the paper; below 1: GAE
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    norm_adv: bool = False  # over all ranks' unrolls
-    # rmsprop: torch's (SB3's default) | rmsprop_tf: as TensorFlow 1 (baselines; rl-zoo's Atari runs) | adam
-    optimizer: str = "rmsprop"
-    alpha: float = 0.99  # RMSprop's smoothing constant
-    eps: float = 1e-5  # RMSprop's or Adam's epsilon
-    # The accelerations of rlrun/fast/ where they apply (same algorithm; false runs this file's code only).
-    fast: bool = True
-
-    def validate(self, run: TrainConfig) -> None:
-        """Range and consistency checks against the whole run's config; UserError with one line."""
-        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
-        check(self.num_steps >= 1, f"algo.num_steps={self.num_steps}: must be >= 1")
-        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
-        check(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda}: must be in [0, 1]")
-        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
-        check(self.optimizer in OPTIMIZERS, f"algo.optimizer={self.optimizer}: accepted are {', '.join(OPTIMIZERS)}")
-        check(0 <= self.alpha < 1, f"algo.alpha={self.alpha}: must be in [0, 1)")
-        check(self.eps > 0, f"algo.eps={self.eps}: must be > 0")
-        check(
-            run.model.name not in RECURRENT_MODELS,
-            f"model={run.model.name} trains with algo=ppo; algo=a2c takes model=mlp or nature_cnn (or model._target_)",
-        )
-        world_size = run.distributed.nproc_per_node * run.distributed.nnodes
-        unroll = self.num_steps * run.env.num_envs * world_size
-        check(
-            run.total_steps >= unroll,
-            f"total_steps={run.total_steps} is less than one unroll (algo.num_steps x env.num_envs x ranks = "
-            f"{unroll}); raise total_steps or shorten the unroll",
-        )
 
 
 def a2c_loss(
@@ -217,10 +172,15 @@ class A2C:
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
         self.learner: nn.Module = A2CUnroll(self.model, cfg, spec.num_envs, self.obs_dtype, self.mean_all)
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
-        self.optimizer = build_optimizer(cfg, self.trained)
         self.next_obs: np.ndarray | None = None  # the observations the next unroll starts from
         self.loss: Tensor | None = None  # the last unroll's loss, with its graph, until update()
         self.stats = torch.zeros(len(STATS) + 1)
+
+    @functools.cached_property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The configured optimizer over the trained parameters, built on first use (torch.optim's first optimizer
+        imports torch._dynamo, about a second, which then falls in the first update rather than in start-up)."""
+        return build_optimizer(self.cfg, self.trained)
 
     @property
     def steps_per_collect(self) -> int:

@@ -6,9 +6,9 @@ This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in a
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from rlrun.algos.configs import DQNConfig
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
-from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
+from rlrun.config import ModelConfig
 from rlrun.envs import finished_episodes
 from rlrun.errors import UserError
 from rlrun.models import trainable
@@ -26,93 +27,6 @@ from rlrun.models.encoders import observation_dtype
 from rlrun.models.q_network import build_q_network
 
 log = logging.getLogger("rlrun")
-
-
-@dataclass
-class ReplayConfig:
-    prioritized: bool = False  # proportional prioritized replay (Schaul et al. 2016); false: uniform
-    alpha: float = 0.6  # priority exponent
-    beta_start: float = 0.4  # importance-weight exponent, annealed linearly to 1 over training
-    priority_eps: float = 1e-6  # added to |TD error|
-    checkpoint: bool = False  # each rank writes its shard beside every checkpoint (large) and resume restores it
-
-
-@dataclass
-class DQNConfig:
-    """Double DQN (van Hasselt et al. 2016) with n-step returns, optional dueling head and prioritized replay.
-    Names follow CleanRL's dqn.py / SB3. Sizes are per rank; counts of env steps are global."""
-
-    name: str = "dqn"
-    lr: float = 1e-4
-    buffer_size: int = 1_000_000  # transitions per rank
-    learning_starts: int = 80_000  # transitions in the replay (all ranks) before updates begin
-    batch_size: int = 32  # per rank: the global batch is ranks x batch_size
-    gamma: float = 0.99
-    n_step: int = 1
-    train_freq: int = 4  # vector-env steps per rank between training phases (one iteration)
-    gradient_steps: int = 1  # updates per training phase
-    target_update_interval: int = 1000  # updates between target-network syncs
-    tau: float = 1.0  # 1: copy; < 1: Polyak averaging at each sync
-    double_q: bool = True
-    dueling: bool = False
-    start_e: float = 1.0
-    end_e: float = 0.01
-    exploration_fraction: float = 0.1  # of total_steps, over which epsilon decays linearly
-    max_grad_norm: float = 10.0
-    adam_eps: float = 1e-8
-    # mse (CleanRL's dqn.py and dqn_atari.py) | huber (SB3; Atari with clipped rewards): Huber diverges on
-    # unclipped rewards such as CartPole's
-    loss: str = "mse"
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    fast: bool = True  # the accelerations of rlrun/fast/ where they apply (false runs this file's code only)
-
-    def validate(self, run: TrainConfig) -> None:
-        """Range and consistency checks against the whole run's config; UserError with one line."""
-        check(
-            not (self.dueling and run.model._target_),
-            "algo.dueling=true builds rlrun's dueling head; with model._target_ put it in your network instead",
-        )
-        world_size = run.distributed.nproc_per_node * run.distributed.nnodes
-        check(
-            run.model.name not in RECURRENT_MODELS,
-            f"model={run.model.name} trains with algo=ppo; algo=dqn takes model=mlp or nature_cnn",
-        )
-        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
-        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
-        check(self.batch_size >= 1, f"algo.batch_size={self.batch_size}: must be >= 1")
-        check(self.n_step >= 1, f"algo.n_step={self.n_step}: must be >= 1")
-        check(self.train_freq >= 1, f"algo.train_freq={self.train_freq}: must be >= 1")
-        check(self.gradient_steps >= 0, f"algo.gradient_steps={self.gradient_steps}: must be >= 0")
-        check(
-            self.target_update_interval >= 1, f"algo.target_update_interval={self.target_update_interval}: must be >= 1"
-        )
-        check(0 < self.tau <= 1, f"algo.tau={self.tau}: must be in (0, 1]")
-        check(self.learning_starts >= 0, f"algo.learning_starts={self.learning_starts}: must be >= 0")
-        for key in ("start_e", "end_e"):
-            check(0 <= getattr(self, key) <= 1, f"algo.{key}={getattr(self, key)}: must be in [0, 1]")
-        check(
-            0 < self.exploration_fraction <= 1,
-            f"algo.exploration_fraction={self.exploration_fraction}: must be in (0, 1]",
-        )
-        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
-        check(self.loss in ("mse", "huber"), f"algo.loss={self.loss}: accepted are mse, huber")
-        r = self.replay
-        check(r.alpha > 0, f"algo.replay.alpha={r.alpha}: must be > 0")
-        check(0 <= r.beta_start <= 1, f"algo.replay.beta_start={r.beta_start}: must be in [0, 1]")
-        check(r.priority_eps > 0, f"algo.replay.priority_eps={r.priority_eps}: must be > 0")
-        check(self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size}: must be >= 1")
-        ranks = f" x {world_size} ranks" if world_size > 1 else ""
-        check(
-            self.learning_starts <= self.buffer_size * world_size,
-            f"algo.learning_starts={self.learning_starts} exceeds what the replay can hold (algo.buffer_size{ranks} = "
-            f"{self.buffer_size * world_size}): updates would never start",
-        )
-        iteration = self.train_freq * run.env.num_envs * world_size
-        check(
-            run.total_steps >= iteration,
-            f"total_steps={run.total_steps} is less than one iteration (algo.train_freq x env.num_envs"
-            f"{' x ranks' if world_size > 1 else ''} = {iteration})",
-        )
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -182,7 +96,6 @@ class DQN:
         self.target = copy.deepcopy(self.model).requires_grad_(False).eval()  # computes targets only
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size, cfg.loss)
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
-        self.optimizer = torch.optim.Adam(self.trained, lr=cfg.lr, eps=cfg.adam_eps)
         self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
         self.num_actions = int(action_space.n)
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
@@ -205,6 +118,12 @@ class DQN:
         self.stall_reported = False
         self.epsilon = cfg.start_e
         self.next_obs: np.ndarray | None = None
+
+    @functools.cached_property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Adam over the trained parameters, built on first use: when an acceleration puts another in its place
+        first, torch._dynamo, which torch.optim's optimizers import when built (a second of start-up), never loads."""
+        return torch.optim.Adam(self.trained, lr=self.cfg.lr, eps=self.cfg.adam_eps)
 
     @property
     def steps_per_collect(self) -> int:

@@ -12,8 +12,8 @@ rlrun/fast/__init__.py says which and why.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -21,75 +21,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlrun.algos.configs import PPOConfig
 from rlrun.algos.normalize import RunningMoments, normalize_advantages
 from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, observe_step
 from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
-from rlrun.config import RECURRENT_MODELS, ModelConfig, TrainConfig, check
+from rlrun.config import ModelConfig
 from rlrun.models import RecurrentActorCritic, build_actor_critic, trainable
 from rlrun.models.encoders import observation_dtype
-
-
-@dataclass
-class PPOConfig:
-    """PPO hyperparameters (names follow CleanRL's ppo.py). Sizes are per rank."""
-
-    name: str = "ppo"
-    lr: float = 2.5e-4
-    anneal_lr: bool = True  # linear decay to 0 over total_steps
-    num_steps: int = 128  # rollout length per env
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    clip_coef: float = 0.2
-    clip_vloss: bool = True
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    norm_adv: bool = True
-    target_kl: float | None = None  # stop the epochs of an update once approx KL exceeds this
-    normalize_obs: bool = False
-    normalize_reward: bool = False
-    clip_obs: float = 10.0  # after normalization
-    adam_eps: float = 1e-5
-    # The accelerations of rlrun/fast/ where they apply (same algorithm; false runs this file's code only).
-    fast: bool = True
-    # With fast and env.vector.backend=subproc, each env worker acts for its own envs with a copy of the policy,
-    # instead of the rank acting for all of them: on CPU, for feedforward policies without normalize_obs, and
-    # unless env.vector.double_buffer is on. The runs differ from rank-acting ones only in the samples.
-    act_in_workers: bool = True
-
-    def validate(self, run: TrainConfig) -> None:
-        """Range and consistency checks against the whole run's config; UserError with one line."""
-        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
-        check(self.num_steps >= 1, f"algo.num_steps={self.num_steps}: must be >= 1")
-        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
-        check(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda}: must be in [0, 1]")
-        check(self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs}: must be >= 1")
-        check(self.clip_coef > 0, f"algo.clip_coef={self.clip_coef}: must be > 0")
-        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
-        check(self.target_kl is None or self.target_kl > 0, f"algo.target_kl={self.target_kl}: must be > 0 or null")
-        num_envs, world_size = run.env.num_envs, run.distributed.nproc_per_node * run.distributed.nnodes
-        batch = self.num_steps * num_envs
-        check(
-            self.num_minibatches >= 1 and batch % self.num_minibatches == 0,
-            f"algo.num_minibatches={self.num_minibatches} must divide the batch of "
-            f"algo.num_steps x env.num_envs = {self.num_steps} x {num_envs} = {batch}",
-        )
-        ranks = f" x {world_size} ranks" if world_size > 1 else ""
-        check(
-            run.total_steps >= batch * world_size,
-            f"total_steps={run.total_steps} is less than one rollout (algo.num_steps x env.num_envs{ranks} = "
-            f"{batch * world_size}); raise total_steps or shrink the rollout",
-        )
-        if run.model.name in RECURRENT_MODELS:
-            check(
-                num_envs % self.num_minibatches == 0,
-                f"algo.num_minibatches={self.num_minibatches} must divide env.num_envs={num_envs} for "
-                f"model={run.model.name} (its minibatches are whole env sequences)",
-            )
 
 
 def clipped_surrogate_loss(log_ratio: Tensor, advantages: Tensor, clip: float) -> Tensor:
@@ -173,7 +113,6 @@ class PPO:
         self.recurrent = isinstance(self.model, RecurrentActorCritic)
         self.learner: nn.Module = PPOLearner(self.model, cfg)
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
-        self.optimizer = torch.optim.Adam(self.trained, lr=cfg.lr, eps=cfg.adam_eps)
         self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
         self.policy: nn.Module = self.model  # what acts while collecting: .act(obs), .value(obs) (feedforward)
         self.collect_steps: CollectSteps = self._act_and_step
@@ -197,6 +136,12 @@ class PPO:
             self.state = self.model.initial_state(spec.num_envs, device)
             self.starts = torch.ones(spec.num_envs, dtype=torch.bool, device=device)
         self.eval_state: Tensor | None = None  # what act() carries between calls (evaluation, play)
+
+    @functools.cached_property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Adam over the trained parameters, built on first use: when an acceleration puts another in its place
+        first, torch._dynamo, which torch.optim's optimizers import when built (a second of start-up), never loads."""
+        return torch.optim.Adam(self.trained, lr=self.cfg.lr, eps=self.cfg.adam_eps)
 
     @property
     def steps_per_collect(self) -> int:

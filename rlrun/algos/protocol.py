@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -86,17 +86,3 @@ class Algorithm(Protocol):
     def load_rank_state(self, state: dict) -> None: ...
     def shard_state(self) -> dict | None: ...  # this rank's own and large (a replay shard), or None
     def load_shard_state(self, state: dict) -> None: ...
-
-
-@dataclass(frozen=True)
-class Entry:
-    """An algorithm in the registry: its config schema (conf/algo/NAME.yaml is checked against it) and how to
-    build it. `discrete_actions` says it needs a Discrete action space (the config check builds an env to see);
-    `network` (its config section, the model config, observation space, action space) builds its network, which
-    the config check does for a user's network (model._target_) to check it before a run starts; an algorithm
-    without one takes no user network."""
-
-    schema: type
-    build: Callable[..., Any]
-    network: Callable[[Any, Any, gym.Space, gym.Space], nn.Module] | None = None
-    discrete_actions: bool = False

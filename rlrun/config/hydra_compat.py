@@ -23,6 +23,12 @@ def args_parser() -> argparse.ArgumentParser:
     return get_args_parser()
 
 
+def runs_nothing(args: list[str]) -> bool:
+    """Whether a Hydra app's command line only prints (--help, --hydra-help, --cfg, --info, shell completion)."""
+    parsed = args_parser().parse_args(args)
+    return bool(parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion)
+
+
 def parse_overrides(overrides: list[str]) -> list[Override]:
     return OverridesParser.create().parse_overrides(list(overrides))
 

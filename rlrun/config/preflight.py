@@ -149,11 +149,11 @@ def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
     """Resuming from a run's newest checkpoint continues in its run folder and keeps that folder's .hydra/ as it
     was. Resuming from an older one starts a new run folder (which records where it came from): continuing in
     the old one would leave the abandoned later checkpoints there, which outrank the new ones by step."""
-    from rlrun.checkpoint import is_newest, resolve_checkpoint, run_dir_of
-
     resume = [o for o in parse_overrides(overrides) if o.key_or_group == "resume"]
     if not resume or resume[0].value() is None:
         return args
+    from rlrun.run_folder import is_newest, resolve_checkpoint, run_dir_of
+
     path = resolve_checkpoint(resume[0].value())
     resumed_config(str(path), overrides)  # a bad checkpoint or override fails here, before any run folder
     run_dir = run_dir_of(path)

@@ -8,6 +8,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
@@ -15,9 +16,26 @@ import numpy as np
 from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
 from rlrun.envs.masked import register_envs
-from rlrun.envs.pool import WorkerPool
-from rlrun.envs.sync import SyncEnvs
 from rlrun.errors import UserError
+
+if TYPE_CHECKING:
+    from rlrun.envs.pool import WorkerPool
+    from rlrun.envs.sync import SyncEnvs
+
+
+def __getattr__(name: str):
+    """SyncEnvs and WorkerPool, imported on first use: they need torch, which the config checks (which use this
+    module's env ids and spaces) must not import."""
+    if name == "SyncEnvs":
+        from rlrun.envs.sync import SyncEnvs
+
+        return SyncEnvs
+    if name == "WorkerPool":
+        from rlrun.envs.pool import WorkerPool
+
+        return WorkerPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 register_envs()
 
@@ -129,6 +147,9 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEn
     """`num_envs` copies of the configured env, in-process (backend sync) or in forked workers (subproc).
     Autoreset happens in the same step (the final observation of a finished episode is in
     info["final_obs"]), so every transition in a rollout is a real one."""
+    from rlrun.envs.pool import WorkerPool
+    from rlrun.envs.sync import SyncEnvs
+
     import_env_modules(cfg.imports)
     check_env_id(cfg.id)
     fns = [make_env(cfg, train) for _ in range(num_envs)]
@@ -137,7 +158,8 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEn
         if v.backend == "subproc":
             groups = 2 if v.double_buffer and train else 1
             workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
-            return WorkerPool(fns, workers, v.step_timeout_s, groups, "env worker" if train else "eval env worker")
+            role = "env worker" if train else "eval env worker"
+            return WorkerPool(fns, workers, v.step_timeout_s, groups, role, lazy=not train)
         return SyncEnvs(fns)
     except (gym.error.Error, TypeError) as e:
         raise UserError(f"cannot make env '{cfg.id}' with env.kwargs={dict(cfg.kwargs)}: {e}") from e

@@ -129,6 +129,7 @@ def _worker(
     conn: mp.connection.Connection,
     buffers: dict[str, np.ndarray],
     beats: np.ndarray,
+    lazy: bool,
 ) -> None:
     for end in list(_PARENT_ENDS):
         end.close()
@@ -140,9 +141,8 @@ def _worker(
     envs: list[gym.Env] = []
     w = WorkerContext(index, envs, slice(offset, offset + len(env_fns)), buffers, beats, [offset])
     try:
-        for i, fn in enumerate(env_fns):
-            w.where[0] = offset + i
-            envs.append(fn())
+        if not lazy:
+            _make_envs(env_fns, envs, w)
         while True:
             try:
                 command, data = conn.recv()
@@ -150,6 +150,8 @@ def _worker(
                 break  # the rank is gone
             if command == "close":
                 break
+            if not envs:  # lazy: at the first command
+                _make_envs(env_fns, envs, w)
             if command == "share":
                 fd = reduction.recv_handle(conn)
                 w.shared.update(_map(fd, *data))
@@ -171,6 +173,12 @@ def _worker(
         conn.close()
 
 
+def _make_envs(env_fns: Sequence[Callable[[], gym.Env]], envs: list[gym.Env], w: WorkerContext) -> None:
+    for i, fn in enumerate(env_fns):
+        w.where[0] = w.rows.start + i
+        envs.append(fn())
+
+
 def _describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         return f"killed by signal {signal.Signals(-code).name}"
@@ -183,7 +191,9 @@ class WorkerPool:
     Gymnasium's vector env interface (reset, step with SAME_STEP autoreset, close, spaces) plus
     send/recv per group for double buffering: with `groups=2` the workers split into two halves that
     step while the caller computes actions for the other. Observations come back as copies of the shared
-    buffers, which the next step overwrites.
+    buffers, which the next step overwrites. With `lazy` the workers make their envs at their first command
+    instead of at once: an eval pool is forked at start (a later fork could hang), its envs made at the first
+    evaluation, off training's start-up.
     """
 
     def __init__(
@@ -193,6 +203,7 @@ class WorkerPool:
         step_timeout_s: float,
         groups: int = 1,
         role: str = "env worker",
+        lazy: bool = False,
     ):
         self.num_envs = len(env_fns)
         self.role = role  # how errors name a worker: "env worker 1 (pid ...)"
@@ -224,7 +235,7 @@ class WorkerPool:
             _PARENT_ENDS.add(parent_end)
             proc = ctx.Process(
                 target=_worker,
-                args=(w, env_fns[sl], sl.start, child_end, self.buffers, self.beats),
+                args=(w, env_fns[sl], sl.start, child_end, self.buffers, self.beats, lazy),
                 name=f"rlrun-env-worker-{w}",
                 daemon=True,
             )

@@ -11,7 +11,7 @@ from rlrun.algos.ppo import PPO
 from rlrun.algos.protocol import Algorithm, VectorEnv
 from rlrun.envs.pool import WorkerPool
 from rlrun.fast.channels_last import ChannelsLast
-from rlrun.fast.flat_adam import flat_adam_like
+from rlrun.fast.flat_adam import FlatAdam
 from rlrun.fast.fused_a2c import FusedA2CUnroll
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.numpy_policy import NumpyPolicy
@@ -42,7 +42,7 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
         applied.append("fused PPO loss")
     # PPO and DQN alike: parameters and gradients in one flat buffer each, so zeroing, clipping and the Adam step
     # are a few calls for the whole model, not a few per parameter tensor.
-    algo.optimizer = flat_adam_like(algo.optimizer, algo.trained)
+    algo.optimizer = FlatAdam(algo.trained, algo.cfg.lr, algo.cfg.adam_eps)  # before the reference's is built
     algo.clip_grad_norm_ = algo.optimizer.clip_grad_norm_
     applied.append("flat Adam")
     if isinstance(algo, PPO) and cpu and fusable(algo.model):

@@ -11,7 +11,7 @@ None. The step is torch.optim.Adam(fused=True)'s kernel, called directly.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
 def flat_views(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
@@ -97,9 +97,3 @@ class FlatAdam:
         for m, v, s in zip(flat_views(self.exp_avg, self.owned), flat_views(self.exp_avg_sq, self.owned), per_param):
             m.copy_(s["exp_avg"])
             v.copy_(s["exp_avg_sq"])
-
-
-def flat_adam_like(optimizer: torch.optim.Adam, params: list[nn.Parameter]) -> FlatAdam:
-    """A FlatAdam with `optimizer`'s settings, over `params` (those it optimizes)."""
-    group = optimizer.param_groups[0]
-    return FlatAdam(params, group["lr"], group["eps"], group["betas"])
