@@ -5,7 +5,8 @@ loss built from what the unroll kept, one backward. No second forward over the r
 Under DDP the module whose forward IS the unroll (A2CUnroll) is the wrapped one, so that backward synchronizes
 the gradients (wrapping anything whose forward is not called would sync nothing: ALF issue #913). The envs stay
 in their processes (forked workers, or the rank's own); the policy acts on the rank, because the graph of every
-step must be kept. This file is the whole algorithm: no acceleration in rlrun/fast/ applies to it.
+step must be kept. This is the reference; with algo.fast, rlrun/fast/ swaps in a fused unroll for rlrun's MLP
+(FusedA2CUnroll, the same forward) or channels-last frames for its CNN (A2CUnroll.policy).
 """
 
 from __future__ import annotations
