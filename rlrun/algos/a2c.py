@@ -22,7 +22,7 @@ from rlrun.algos.configs import A2CConfig
 from rlrun.algos.normalize import MeanAll, normalize_advantages
 from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
-from rlrun.algos.rollout_step import StepRows, observe_step
+from rlrun.algos.rollout_step import StepRows, step_groups
 from rlrun.config import ModelConfig
 from rlrun.models import build_actor_critic, eval_mode, trainable
 from rlrun.models.encoders import observation_dtype
@@ -95,21 +95,16 @@ class A2CUnroll(nn.Module):
             truncated_np=self.truncated.numpy(),
             next_values=self.next_values,
         )
-        groups, episodes = envs.groups, []
-        obs = [obs[g] for g in groups]
-        # A group steps while the policy acts for the next (when the vector env double-buffers).
-        for t in range(self.cfg.num_steps + 1):
-            for i, g in enumerate(groups):
-                if t > 0:
-                    obs[i], ended = observe_step(self.value_of, envs.recv(i), t - 1, g, stored)
-                    episodes.append(ended)
-                if t < self.cfg.num_steps:
-                    policy_out, value = self.policy(self.preprocess(obs[i]))
-                    with torch.no_grad():
-                        action = self.model.sample(policy_out)[0]
-                    outs[t, g], values[t, g], actions[t, g] = policy_out, value, action
-                    envs.send(i, action.cpu().numpy())
-        return outs.stacked(), values.stacked(), actions.stacked(), np.concatenate(obs), episodes
+
+        def act(obs: np.ndarray, t: int, envs: slice) -> np.ndarray:
+            policy_out, value = self.policy(self.preprocess(obs))
+            with torch.no_grad():
+                action = self.model.sample(policy_out)[0]
+            outs[t, envs], values[t, envs], actions[t, envs] = policy_out, value, action
+            return action.cpu().numpy()
+
+        next_obs, episodes = step_groups(envs, obs, self.cfg.num_steps, act, self.value_of, stored)
+        return outs.stacked(), values.stacked(), actions.stacked(), next_obs, episodes
 
     def targets(self, values: Tensor, next_obs: np.ndarray) -> tuple[Tensor, Tensor]:
         """(advantages, returns) [T, N] of the last unroll, whose values [T, N] (no gradient) are given; normalized
@@ -175,7 +170,7 @@ class A2C:
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
         self.next_obs: np.ndarray | None = None  # the observations the next unroll starts from
         self.loss: Tensor | None = None  # the last unroll's loss, with its graph, until update()
-        self.stats = torch.zeros(len(STATS) + 1)
+        self.stats: Tensor | None = None  # the last unroll's [policy loss, value loss, entropy, explained variance]
 
     @functools.cached_property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -25,7 +25,7 @@ from rlrun.algos.configs import PPOConfig
 from rlrun.algos.normalize import RunningMoments, normalize_advantages
 from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
-from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, observe_step
+from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
 from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
 from rlrun.config import ModelConfig
 from rlrun.models import RecurrentActorCritic, build_actor_critic, trainable
@@ -201,24 +201,19 @@ class PPO:
         return self.model.value(x, self.state[idx], starts)
 
     def _act_and_step(self, envs: VectorEnv, obs: np.ndarray) -> tuple[np.ndarray, list[Episodes]]:
-        """collect's steps with the policy acting here, for the envs in groups (one, or two when the vector env
-        double-buffers: a group steps while the policy acts for the next). Returns the observations after the
-        rollout and the episodes that ended."""
-        r, groups, episodes = self.rollout, envs.groups, []
+        """collect's steps with the policy acting here (step_groups). Returns the observations after the rollout
+        and the episodes that ended."""
+        r = self.rollout
         acted = {name: StepRows(getattr(r, name)) for name in ACTED}
         out = SimpleNamespace(**acted, next_values=r.next_values, **{k: getattr(r, k) for k in STEPPED})
-        obs = [obs[g] for g in groups]
-        for t in range(self.cfg.num_steps + 1):
-            for i, g in enumerate(groups):
-                if t > 0:
-                    obs[i], ended = observe_step(self._value_of, envs.recv(i), t - 1, g, out)
-                    episodes.append(ended)
-                if t < self.cfg.num_steps:
-                    x = self.preprocess(obs[i], update_stats=True)
-                    envs.send(i, act_step(self._act, x, t, g, out).cpu().numpy())
+
+        def act(obs: np.ndarray, t: int, envs: slice) -> np.ndarray:
+            return act_step(self._act, self.preprocess(obs, update_stats=True), t, envs, out).cpu().numpy()
+
+        next_obs, episodes = step_groups(envs, obs, self.cfg.num_steps, act, self._value_of, out)
         for rows in acted.values():
             rows.flush()
-        return np.concatenate(obs), episodes  # the groups' observations, in env order
+        return next_obs, episodes
 
     @torch.inference_mode()
     def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, np.ndarray]:

@@ -50,6 +50,30 @@ def observe_step(value_of: ValueOf, result: tuple, t: int, envs: slice, out: Any
     return obs, (returns[ended], lengths[ended])
 
 
+def step_groups(
+    envs: Any,
+    obs: np.ndarray,
+    num_steps: int,
+    act: Callable[[np.ndarray, int, slice], np.ndarray],
+    value_of: ValueOf,
+    out: Any,
+) -> tuple[np.ndarray, list[Episodes]]:
+    """num_steps rollout steps of the vector env `envs` from its observations `obs` [N, ...], in its groups of envs
+    (one, or two when it double-buffers: a group steps while the policy acts for the next). `act(obs of a group,
+    t, its envs)` returns the actions to send (and stores what it keeps); observe_step stores what the envs return
+    in `out`. Returns the observations after the last step, in env order, and the episodes that ended."""
+    groups, episodes = envs.groups, []
+    obs = [obs[g] for g in groups]
+    for t in range(num_steps + 1):
+        for i, g in enumerate(groups):
+            if t > 0:
+                obs[i], ended = observe_step(value_of, envs.recv(i), t - 1, g, out)
+                episodes.append(ended)
+            if t < num_steps:
+                envs.send(i, act(obs[i], t, g))
+    return np.concatenate(obs), episodes
+
+
 class StepRows:
     """One rollout tensor [T, N, ...] as a collect loop writes it on the rank: each step's rows are kept as they
     come and written in one copy per group of envs when the rollout ends (a copy per step and field costs more

@@ -136,13 +136,16 @@ def _preflight_train(typed: TrainConfig) -> None:
         validate_train(typed)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
-        entry = ALGORITHMS[typed.algo.name]
+        entry, user_network = ALGORITHMS[typed.algo.name], typed.model._target_ is not None
+        if not (entry.discrete_actions or user_network):
+            return
+        obs_space, action_space = env_spaces(typed.env)  # one env built, for both checks
         if entry.discrete_actions:
-            check_discrete_actions(typed.env, typed.algo.name)
-        if typed.model._target_ is not None:  # the user's network, built and run once on sample observations
+            check_discrete_actions(action_space, typed.env.id, typed.algo.name)
+        if user_network:  # the user's network, built and run once on sample observations
             if entry.network is None:
                 raise UserError(f"algo={typed.algo.name} builds its own network; it takes no model._target_")
-            entry.network(typed.algo, typed.model, *env_spaces(typed.env))
+            entry.network(typed.algo, typed.model, obs_space, action_space)
 
 
 def _resume_args(overrides: list[str], args: list[str]) -> list[str]:

@@ -79,11 +79,10 @@ def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-def check_discrete_actions(cfg: EnvConfig, algo: str) -> None:
-    """Raise UserError when the env's actions are not Discrete (value-based algorithms need them)."""
-    space = env_spaces(cfg)[1]
+def check_discrete_actions(space: gym.Space, env_id: str, algo: str) -> None:
+    """Raise UserError when the env's action space is not Discrete (value-based algorithms need one)."""
     if not isinstance(space, gym.spaces.Discrete):
-        raise UserError(f"algo={algo} needs a discrete action space; {cfg.id} has {space}")
+        raise UserError(f"algo={algo} needs a discrete action space; {env_id} has {space}")
 
 
 def atari_config(cfg: EnvConfig) -> AtariConfig | None:

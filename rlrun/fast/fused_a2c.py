@@ -26,7 +26,8 @@ class FusedA2CUnroll(A2CUnroll):
 
     def __init__(self, model: ActorCritic, *args, **kwargs):
         super().__init__(model, *args, **kwargs)
-        self.policy = _Recorded(model)
+        self.params = fused_params(model)
+        self.policy = _Recorded(model, self.params)
 
     @torch.no_grad()
     def value_of(self, obs, envs=slice(None)) -> Tensor:
@@ -43,20 +44,19 @@ class FusedA2CUnroll(A2CUnroll):
         acts = [torch.cat([a[i] for _, a in self.policy.steps], dim=1) for i in range(len(self.policy.steps[0][1]))]
         m = self.model
         flat = (outs.flatten(0, 1), values.flatten(), actions.flatten(0, 1), advantages.flatten(), returns.flatten())
-        loss, stats = _FusedA2CLoss.apply(self.cfg, m.trunk.relu, x, acts, *flat, *fused_params(m))
+        loss, stats = _FusedA2CLoss.apply(self.cfg, m.trunk.relu, x, acts, *flat, *self.params)
         return loss, self.with_explained_variance(stats, values, returns), next_obs, episodes
 
 
 class _Recorded(nn.Module):
     """model(obs) without autograd, keeping the input and every trunk activation of each call."""
 
-    def __init__(self, model: ActorCritic):
+    def __init__(self, model: ActorCritic, params: list[Tensor]):
+        """`params` as fused_params(model): trunk, the four head tensors, log-std if Gaussian."""
         super().__init__()
         self.model, self.steps = model, []
-        params = fused_params(model)
-        self.trunk, self.head = params[: len(params) - (4 if model.discrete else 5)], params[-5:-1]
-        if model.discrete:
-            self.head = params[-4:]
+        self.trunk = params[: len(params) - (4 if model.discrete else 5)]
+        self.head = params[len(self.trunk) : len(self.trunk) + 4]
 
     def forward(self, obs: Tensor, keep: bool = True) -> tuple[Tensor, Tensor]:
         acts = twin_mlp_forward(obs, self.trunk, self.model.trunk.relu)
