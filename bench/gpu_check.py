@@ -23,6 +23,8 @@ CASES = {
     "ppo lstm cartpole_masked": ["algo=ppo", "env=cartpole_masked", "model=lstm"],
     "dqn per cartpole": ["algo=dqn", "env=cartpole", "algo.replay.prioritized=true", "algo.learning_starts=512"],
     "a2c mlp cartpole": ["algo=a2c", "env=cartpole"],
+    "sac per pendulum": ["algo=sac", "env=pendulum", "algo.replay.prioritized=true", "algo.learning_starts=512"],
+    "td3 pendulum": ["algo=td3", "env=pendulum", "algo.learning_starts=512"],
     "a2c cnn breakout": ["algo=a2c", "env=breakout", "env.vector.backend=sync", "env.num_envs=4"],
     # A user's network with BatchNorm: SyncBatchNorm over nccl with 2 GPUs.
     "a2c user batchnorm": ["algo=a2c", "env=cartpole", "model._target_=tests.data.user_nets.BatchNormNet"],

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rlrun.algos import build_algo
-from rlrun.algos.configs import A2CConfig, DQNConfig, PPOConfig, ReplayConfig
+from rlrun.algos.configs import A2CConfig, DQNConfig, PPOConfig, ReplayConfig, SACConfig, TD3Config
 from rlrun.algos.protocol import EnvSpec
 from rlrun.checkpoint import rng_state, set_rng_state
 from rlrun.config import EnvConfig, ModelConfig
@@ -27,6 +27,8 @@ CARTPOLE = EnvConfig(id="CartPole-v1", num_envs=2)
 CNN = ModelConfig(name="nature_cnn", hidden_sizes=[32], activation="relu", shared=True)
 USER_BN = ModelConfig(_target_="tests.data.user_nets.BatchNormNet")
 SMALL_PPO = {"num_steps": 8, "num_minibatches": 2, "update_epochs": 1}
+PENDULUM = EnvConfig(id="Pendulum-v1", num_envs=2)
+RELU_16 = ModelConfig(hidden_sizes=[16], activation="relu")
 
 CASES = {
     "ppo-mlp": (PPOConfig(**SMALL_PPO), ModelConfig(), CARTPOLE),
@@ -55,6 +57,15 @@ CASES = {
     "a2c-continuous-adam": (A2CConfig(optimizer="adam"), ModelConfig(), EnvConfig(id="Pendulum-v1")),
     "a2c-user-batchnorm": (A2CConfig(num_steps=8), USER_BN, CARTPOLE),
     "ppo-user-batchnorm": (PPOConfig(**SMALL_PPO), USER_BN, CARTPOLE),
+    "sac-per-n-step": (
+        SACConfig(buffer_size=256, learning_starts=16, batch_size=8, train_freq=8, n_step=2,
+                  replay=ReplayConfig(prioritized=True)),
+        RELU_16,
+        PENDULUM,
+    ),
+    "td3-delayed": (
+        TD3Config(buffer_size=256, learning_starts=16, batch_size=8, train_freq=8, gradient_steps=2), RELU_16, PENDULUM
+    ),
 }  # fmt: skip
 
 
@@ -82,7 +93,7 @@ def _collect_update_act_and_state(algo_cfg, model_cfg, env_cfg: EnvConfig, envs,
         algo.collect(envs, 0.1)
         stats = algo.update(0.1)
     assert all(np.isfinite(v) for v in stats.values()), stats
-    assert "td_loss" in stats or "policy_loss" in stats  # an update really ran
+    assert {"td_loss", "policy_loss", "qf_loss"} & set(stats)  # an update really ran
     assert next(algo.model.parameters()).device == device
     actions = algo.act(algo.next_obs, deterministic=False, starts=np.ones(env_cfg.num_envs, dtype=bool))
     assert actions.shape[0] == env_cfg.num_envs

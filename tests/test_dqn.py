@@ -4,14 +4,13 @@ an Atari smoke run with prioritized n-step replay, and play on DQN checkpoints."
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import read_jsonl, rlrun
-from tests.test_train import assert_same_tensors, final_state, train
+from tests.test_train import assert_same_tensors, final_state, resumed_copy, train
 
 pytestmark = pytest.mark.slow
 SMALL = [
@@ -58,13 +57,7 @@ def test_two_rank_resume_with_replay_shards_is_exact(tmp_path):
     ]
     shard = torch.load(full / "checkpoints" / names[2], weights_only=True)
     assert shard["written"] == 1024 // 2 // 2  # rows: one per vector step of this rank's 2 envs
-    part = tmp_path / "part"
-    shutil.copytree(full, part)
-    for late in (part / "checkpoints").glob("*2048*"):
-        late.unlink()  # as if the job had died after the checkpoint at 1024 steps
-    (part / "summary.json").unlink()
-    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
+    part = resumed_copy(tmp_path, full, 1024)
     a, b = final_state(full), final_state(part)
     assert a["env_steps"] == b["env_steps"] == 2048
     for key in ("model", "target"):

@@ -249,3 +249,35 @@ def test_fused_a2c_unroll_equals_the_reference_unroll(env_id, activation, norm_a
     torch.testing.assert_close(stats_a, stats_b, atol=1e-5, rtol=1e-5)
     for a, b in zip(grads_a, grads_b):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activation):
+    """Three updates (TD3: a policy step between delayed ones) with flat Adam against torch.optim.Adam, from the same
+    networks on the same batches and noise."""
+    from rlrun.algos import SACConfig, TD3Config, build_algo
+    from tests.test_sac import PENDULUM, _batch
+
+    net = ModelConfig(hidden_sizes=[16, 16], activation=activation)
+
+    states, applied = [], []
+    for fast in (False, True):
+        torch.manual_seed(0)
+        cfg = SACConfig(fast=fast, batch_size=16) if algo == "sac" else TD3Config(fast=fast, batch_size=16)
+        a = build_algo(cfg, net, PENDULUM, torch.device("cpu"))
+        applied.append(accelerate(a, None))
+        a.first_update()
+        for step in (1, 2, 3):
+            a.updates = step
+            g = torch.Generator().manual_seed(step)
+            noise = torch.randn((2, 16, 1) if algo == "sac" else (16, 1), generator=g)
+            a.learn(_batch(16, seed=step), torch.ones(16), noise)
+        states.append((a.model.state_dict(), a.learner_state()))
+    assert applied == [[], ["flat Adam"]]
+    for name, value in states[0][0].items():
+        torch.testing.assert_close(states[1][0][name], value, rtol=1e-5, atol=1e-6, msg=name)
+    for key in (
+        k for k in states[0][1] if k.endswith("_optimizer")
+    ):  # the fast optimizers' state resumes the reference
+        torch.testing.assert_close(states[1][1][key]["state"], states[0][1][key]["state"], rtol=1e-5, atol=1e-6)

@@ -99,7 +99,7 @@ class Bandit:
 
 
 def test_a_new_algorithm_is_one_class_and_one_registry_entry(tmp_path, monkeypatch):
-    monkeypatch.setitem(ALGORITHMS, "bandit", Entry(BanditConfig, Bandit, discrete_actions=True))
+    monkeypatch.setitem(ALGORITHMS, "bandit", Entry(BanditConfig, Bandit, actions="discrete"))
     cfg = TrainConfig(
         algo=BanditConfig(),
         env=EnvConfig(id="CartPole-v1", num_envs=2),

@@ -33,6 +33,20 @@ def final_state(run: Path) -> dict:
     return torch.load(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1], weights_only=True)
 
 
+def resumed_copy(tmp_path: Path, full: Path, steps: int, timeout: float = 180) -> Path:
+    """A copy of the run folder `full` as if its job had died after the checkpoint at `steps` env steps (the later
+    checkpoints, their replay shards and the summary gone), resumed to its end; returns the copy."""
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    for file in (part / "checkpoints").iterdir():
+        if int(file.stem.split("_")[1]) > steps:
+            file.unlink()
+    (part / "summary.json").unlink()
+    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return part
+
+
 def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:

@@ -10,24 +10,35 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlrun.algos.configs import A2CConfig, DQNConfig, PPOConfig, ReplayConfig
+from rlrun.algos.configs import A2CConfig, DQNConfig, PPOConfig, ReplayConfig, SACConfig, TD3Config
 from rlrun.config import ModelConfig
 
-__all__ = ["ALGORITHMS", "A2CConfig", "DQNConfig", "Entry", "PPOConfig", "ReplayConfig", "build_algo"]
+__all__ = [
+    "ALGORITHMS",
+    "A2CConfig",
+    "DQNConfig",
+    "Entry",
+    "PPOConfig",
+    "ReplayConfig",
+    "SACConfig",
+    "TD3Config",
+    "build_algo",
+]
 
 
 @dataclass(frozen=True)
 class Entry:
     """An algorithm in the registry: its config schema (conf/algo/NAME.yaml is checked against it) and how to
-    build it: a class, or "module:Class" imported when a run builds one. `discrete_actions` says it needs a
-    Discrete action space (the config check builds an env to see); `network` (its config section, the model
-    config, observation space, action space) builds its network, which the config check does for a user's network
-    (model._target_) to check it before a run starts; an algorithm without one takes no user network."""
+    build it: a class, or "module:Class" imported when a run builds one. `actions` says which action spaces it
+    takes, "discrete" or "continuous" (the config check builds an env to see), or None for any. `network` (its
+    config section, the model config, observation space, action space) builds its network, which the config check
+    does for a user's network (model._target_) to check it before a run starts; an algorithm without one takes no
+    user network."""
 
     schema: type
     build: Callable[..., Any] | str
     network: Callable[..., Any] | None = None
-    discrete_actions: bool = False
+    actions: str | None = None
 
     def algorithm(self) -> Callable[..., Any]:
         if not isinstance(self.build, str):
@@ -51,7 +62,9 @@ def q_network(cfg, model_cfg: ModelConfig, obs_space, action_space):
 ALGORITHMS: dict[str, Entry] = {
     "ppo": Entry(PPOConfig, "rlrun.algos.ppo:PPO", actor_critic),
     "a2c": Entry(A2CConfig, "rlrun.algos.a2c:A2C", actor_critic),
-    "dqn": Entry(DQNConfig, "rlrun.algos.dqn:DQN", q_network, discrete_actions=True),
+    "dqn": Entry(DQNConfig, "rlrun.algos.dqn:DQN", q_network, actions="discrete"),
+    "sac": Entry(SACConfig, "rlrun.algos.sac:SAC", actions="continuous"),
+    "td3": Entry(TD3Config, "rlrun.algos.td3:TD3", actions="continuous"),
 }
 
 

@@ -118,6 +118,35 @@ class A2CConfig:
         )
 
 
+def check_replay_algorithm(cfg, run: TrainConfig) -> None:
+    """The checks DQN, SAC and TD3 share: their rates, sizes and replay (cfg has DQNConfig's or
+    ContinuousControlConfig's fields), against the whole run's config; UserError with one line."""
+    check(cfg.lr > 0, f"algo.lr={cfg.lr}: must be > 0")
+    check(0 < cfg.gamma <= 1, f"algo.gamma={cfg.gamma}: must be in (0, 1]")
+    check(0 < cfg.tau <= 1, f"algo.tau={cfg.tau}: must be in (0, 1]")
+    for key in ("batch_size", "n_step", "train_freq", "buffer_size"):
+        check(getattr(cfg, key) >= 1, f"algo.{key}={getattr(cfg, key)}: must be >= 1")
+    for key in ("gradient_steps", "learning_starts"):
+        check(getattr(cfg, key) >= 0, f"algo.{key}={getattr(cfg, key)}: must be >= 0")
+    r = cfg.replay
+    check(r.alpha > 0, f"algo.replay.alpha={r.alpha}: must be > 0")
+    check(0 <= r.beta_start <= 1, f"algo.replay.beta_start={r.beta_start}: must be in [0, 1]")
+    check(r.priority_eps > 0, f"algo.replay.priority_eps={r.priority_eps}: must be > 0")
+    world_size = run.distributed.nproc_per_node * run.distributed.nnodes
+    ranks = f" x {world_size} ranks" if world_size > 1 else ""
+    check(
+        cfg.learning_starts <= cfg.buffer_size * world_size,
+        f"algo.learning_starts={cfg.learning_starts} exceeds what the replay can hold (algo.buffer_size{ranks} = "
+        f"{cfg.buffer_size * world_size}): updates would never start",
+    )
+    iteration = cfg.train_freq * run.env.num_envs * world_size
+    check(
+        run.total_steps >= iteration,
+        f"total_steps={run.total_steps} is less than one iteration (algo.train_freq x env.num_envs"
+        f"{' x ranks' if world_size > 1 else ''} = {iteration})",
+    )
+
+
 @dataclass
 class ReplayConfig:
     prioritized: bool = False  # proportional prioritized replay (Schaul et al. 2016); false: uniform
@@ -162,22 +191,14 @@ class DQNConfig:
             not (self.dueling and run.model._target_),
             "algo.dueling=true builds rlrun's dueling head; with model._target_ put it in your network instead",
         )
-        world_size = run.distributed.nproc_per_node * run.distributed.nnodes
         check(
             run.model.name not in RECURRENT_MODELS,
             f"model={run.model.name} trains with algo=ppo; algo=dqn takes model=mlp or nature_cnn",
         )
-        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
-        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
-        check(self.batch_size >= 1, f"algo.batch_size={self.batch_size}: must be >= 1")
-        check(self.n_step >= 1, f"algo.n_step={self.n_step}: must be >= 1")
-        check(self.train_freq >= 1, f"algo.train_freq={self.train_freq}: must be >= 1")
-        check(self.gradient_steps >= 0, f"algo.gradient_steps={self.gradient_steps}: must be >= 0")
+        check_replay_algorithm(self, run)
         check(
             self.target_update_interval >= 1, f"algo.target_update_interval={self.target_update_interval}: must be >= 1"
         )
-        check(0 < self.tau <= 1, f"algo.tau={self.tau}: must be in (0, 1]")
-        check(self.learning_starts >= 0, f"algo.learning_starts={self.learning_starts}: must be >= 0")
         for key in ("start_e", "end_e"):
             check(0 <= getattr(self, key) <= 1, f"algo.{key}={getattr(self, key)}: must be in [0, 1]")
         check(
@@ -186,20 +207,72 @@ class DQNConfig:
         )
         check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
         check(self.loss in ("mse", "huber"), f"algo.loss={self.loss}: accepted are mse, huber")
-        r = self.replay
-        check(r.alpha > 0, f"algo.replay.alpha={r.alpha}: must be > 0")
-        check(0 <= r.beta_start <= 1, f"algo.replay.beta_start={r.beta_start}: must be in [0, 1]")
-        check(r.priority_eps > 0, f"algo.replay.priority_eps={r.priority_eps}: must be > 0")
-        check(self.buffer_size >= 1, f"algo.buffer_size={self.buffer_size}: must be >= 1")
-        ranks = f" x {world_size} ranks" if world_size > 1 else ""
+
+
+@dataclass
+class ContinuousControlConfig:
+    """What SAC and TD3 share (names and defaults as SB3's, learning_starts as CleanRL's). Sizes are per rank;
+    counts of env steps are global."""
+
+    name: str = ""
+    lr: float = 3e-4  # actor, critics (and SAC's temperature)
+    buffer_size: int = 1_000_000  # transitions per rank
+    learning_starts: int = 5_000  # transitions in the replay (all ranks) before updates; uniform actions till then
+    batch_size: int = 256  # per rank: the global batch is ranks x batch_size
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak averaging of the target networks
+    n_step: int = 1
+    train_freq: int = 1  # vector-env steps per rank between training phases (one iteration)
+    gradient_steps: int = 1  # updates per training phase
+    adam_eps: float = 1e-8
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    fast: bool = True  # the accelerations of rlrun/fast/ where they apply (false runs the algorithm's code only)
+
+    def validate(self, run: TrainConfig) -> None:
+        """Range and consistency checks against the whole run's config; UserError with one line."""
+        name = self.name
         check(
-            self.learning_starts <= self.buffer_size * world_size,
-            f"algo.learning_starts={self.learning_starts} exceeds what the replay can hold (algo.buffer_size{ranks} = "
-            f"{self.buffer_size * world_size}): updates would never start",
+            run.model.name == "mlp" and not run.model._target_,
+            f"algo={name} builds MLP actors and critics from model.hidden_sizes and model.activation; "
+            f"model={run.model.name}{' with model._target_' if run.model._target_ else ''} is not accepted",
         )
-        iteration = self.train_freq * run.env.num_envs * world_size
+        check_replay_algorithm(self, run)
+
+
+@dataclass
+class SACConfig(ContinuousControlConfig):
+    """Soft actor-critic (Haarnoja et al. 2018, with the automatic temperature of the second paper)."""
+
+    name: str = "sac"
+    alpha: float = 1.0  # the entropy temperature: its starting value with autotune (SB3's "auto"), else fixed
+    autotune: bool = True  # learn alpha so that the policy's entropy tracks target_entropy
+    target_entropy: float | None = None  # null: -|A| (the papers' choice)
+    policy_frequency: int = 1  # critic updates per actor update (CleanRL's delay; each delay runs that many)
+    target_update_interval: int = 1  # updates between target-network Polyak steps
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        check(self.alpha > 0, f"algo.alpha={self.alpha}: must be > 0")
+        check(self.policy_frequency >= 1, f"algo.policy_frequency={self.policy_frequency}: must be >= 1")
         check(
-            run.total_steps >= iteration,
-            f"total_steps={run.total_steps} is less than one iteration (algo.train_freq x env.num_envs"
-            f"{' x ranks' if world_size > 1 else ''} = {iteration})",
+            self.target_update_interval >= 1, f"algo.target_update_interval={self.target_update_interval}: must be >= 1"
         )
+
+
+@dataclass
+class TD3Config(ContinuousControlConfig):
+    """Twin delayed DDPG (Fujimoto et al. 2018). Noise scales are in units of half the action range (actions
+    are [-1, 1] inside the algorithm), as SB3's."""
+
+    name: str = "td3"
+    lr: float = 1e-3
+    policy_delay: int = 2  # critic updates per actor (and target) update
+    exploration_noise: float = 0.1  # std of the Gaussian added to the actor's actions while collecting
+    target_policy_noise: float = 0.2  # std of the smoothing noise on the target actions
+    target_noise_clip: float = 0.5
+
+    def validate(self, run: TrainConfig) -> None:
+        super().validate(run)
+        check(self.policy_delay >= 1, f"algo.policy_delay={self.policy_delay}: must be >= 1")
+        for key in ("exploration_noise", "target_policy_noise", "target_noise_clip"):
+            check(getattr(self, key) >= 0, f"algo.{key}={getattr(self, key)}: must be >= 0")

@@ -71,11 +71,12 @@ class Algorithm(Protocol):
     config section, the model config, EnvSpec, device, Reductions). It never asks for its rank."""
 
     model: nn.Module  # the networks evaluation and play act with
-    learner: nn.Module  # the module whose forward produces the loss (what DDP wraps)
     steps_per_collect: int  # env steps one collect takes on this rank
     update_shape: tuple[int, int, int]  # (batch per step, steps per epoch, epochs): equal on every rank
 
-    def wrap_learner(self, wrap: Wrap) -> None: ...  # learner = wrap(learner, the parameters its optimizers train)
+    # Each learner (a module whose forward produces a loss: what DDP wraps; SAC has one per optimizer) becomes
+    # wrap(learner, the parameters its optimizer trains).
+    def wrap_learner(self, wrap: Wrap) -> None: ...
     def start(self, obs: np.ndarray) -> None: ...  # the observations (after a reset) collecting starts from
     def collect(self, envs: VectorEnv, progress: float) -> dict[str, np.ndarray]: ...
     def update(self, progress: float) -> dict[str, float]: ...

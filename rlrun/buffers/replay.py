@@ -89,7 +89,8 @@ class ReplayBuffer:
     rows after the write head whose frame look-back it has overwritten.
 
     obs_shape is the shape of one observation; with frame_stack k > 1 its first axis is the stack of k
-    frames and only the newest frame is stored per row.
+    frames and only the newest frame is stored per row. Actions are indices (int64, shape ()) by default, or
+    vectors (a Box's shape, float32) for continuous control.
     """
 
     def __init__(
@@ -103,6 +104,8 @@ class ReplayBuffer:
         gamma: float = 0.99,
         alpha: float | None = None,
         priority_eps: float = 1e-6,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: np.dtype = np.int64,
     ):
         if capacity < 1:
             raise ValueError(f"a replay must hold at least one item, got capacity {capacity}")
@@ -112,7 +115,7 @@ class ReplayBuffer:
         frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
         shape = (self.rows, num_envs)
         self.frames = np.zeros(shape + tuple(frame_shape), dtype=obs_dtype)  # zeros: pages allocated on use
-        self.actions = np.zeros(shape, dtype=np.int64)
+        self.actions = np.zeros(shape + tuple(action_shape), dtype=action_dtype)  # discrete: (), Box: its shape
         self.rewards = np.zeros(shape, dtype=np.float32)
         self.terminated = np.zeros(shape, dtype=bool)
         self.truncated = np.zeros(shape, dtype=bool)
@@ -140,7 +143,7 @@ class ReplayBuffer:
         truncated: np.ndarray,
         final_obs: np.ndarray | None,
     ) -> None:
-        """One vector step: obs [N, ...] acted on, actions [N], rewards [N], flags [N], and gymnasium's
+        """One vector step: obs [N, ...] acted on, actions [N, *action_shape], rewards [N], flags [N], and gymnasium's
         info["final_obs"] (object array [N], set where an episode ended) or None."""
         if self.written == 0 and self.k > 1:
             for j in range(self.k - 1):  # the older frames of the current stacks, so look-back stays exact

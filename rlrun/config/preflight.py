@@ -130,18 +130,18 @@ def preflight(command: str, args: list[str]) -> list[str]:
 
 
 def _preflight_train(typed: TrainConfig) -> None:
-    from rlrun.envs import check_discrete_actions, check_env_id, env_spaces, import_env_modules
+    from rlrun.envs import check_action_space, check_env_id, env_spaces, import_env_modules
 
     if typed.resume is None:
         validate_train(typed)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
         entry, user_network = ALGORITHMS[typed.algo.name], typed.model._target_ is not None
-        if not (entry.discrete_actions or user_network):
+        if not (entry.actions or user_network):
             return
         obs_space, action_space = env_spaces(typed.env)  # one env built, for both checks
-        if entry.discrete_actions:
-            check_discrete_actions(action_space, typed.env.id, typed.algo.name)
+        if entry.actions:
+            check_action_space(action_space, entry.actions, typed.env.id, typed.algo.name)
         if user_network:  # the user's network, built and run once on sample observations
             if entry.network is None:
                 raise UserError(f"algo={typed.algo.name} builds its own network; it takes no model._target_")

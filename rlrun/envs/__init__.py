@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
 from rlrun.envs.masked import register_envs
 from rlrun.errors import UserError
+
+log = logging.getLogger("rlrun")
 
 if TYPE_CHECKING:
     from rlrun.envs.pool import WorkerPool
@@ -79,10 +82,16 @@ def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-def check_discrete_actions(space: gym.Space, env_id: str, algo: str) -> None:
-    """Raise UserError when the env's action space is not Discrete (value-based algorithms need one)."""
-    if not isinstance(space, gym.spaces.Discrete):
+def check_action_space(space: gym.Space, kind: str, env_id: str, algo: str) -> None:
+    """Raise UserError when the env's action space is not of the `kind` the algorithm takes: "discrete" (Discrete:
+    value-based algorithms) or "continuous" (a 1-D Box with finite bounds: SAC and TD3 scale actions to them)."""
+    if kind == "discrete" and not isinstance(space, gym.spaces.Discrete):
         raise UserError(f"algo={algo} needs a discrete action space; {env_id} has {space}")
+    if kind == "continuous":
+        box = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+        if not (box and np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            accepted = "a 1-D Box with finite bounds"
+            raise UserError(f"algo={algo} needs a continuous action space ({accepted}); {env_id} has {space}")
 
 
 def atari_config(cfg: EnvConfig) -> AtariConfig | None:
@@ -97,6 +106,29 @@ def frame_stack(cfg: EnvConfig) -> int:
     return atari.frame_stack if atari is not None else 1
 
 
+def _route_mujoco_warnings(env_id: str) -> None:
+    """For gymnasium's MuJoCo envs: MuJoCo's warnings go to rlrun's log instead of stderr and a MUJOCO_LOG.TXT in the
+    working directory (MuJoCo's default), deprecation notices at debug level (MuJoCo 3.17+ flags half_cheetah.xml's
+    settotalmass at every env built)."""
+    spec = gym.spec(env_id)
+    if isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.mujoco"):
+        import mujoco
+
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+def _mujoco_warning(message: str) -> None:
+    log.log(logging.DEBUG if "deprecated" in message else logging.WARNING, "mujoco: %s", message)
+
+
+class ClipToBounds(gym.ActionWrapper):
+    """Continuous actions clipped to the env's bounds (a Gaussian policy's samples fall outside them). Unlike
+    gymnasium's ClipAction, the action space keeps its bounds: SAC and TD3 scale their actions to them."""
+
+    def action(self, action: np.ndarray) -> np.ndarray:
+        return np.clip(action, self.action_space.low, self.action_space.high)
+
+
 def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Callable[[], gym.Env]:
     """A thunk building one env. `train` turns on the training-only Atari wrappers (life loss, reward clip).
 
@@ -109,6 +141,7 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
         _register_ale()
 
     def thunk() -> gym.Env:
+        _route_mujoco_warnings(cfg.id)
         kwargs = dict(cfg.kwargs)
         if atari is not None:
             kwargs.update(frameskip=1, repeat_action_probability=atari.repeat_action_probability)
@@ -136,7 +169,7 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
                 env = gym.wrappers.TransformReward(env, sign_reward)
             env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
         if isinstance(env.action_space, gym.spaces.Box):
-            env = gym.wrappers.ClipAction(env)
+            env = ClipToBounds(env)
         return env
 
     return thunk

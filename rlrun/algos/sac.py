@@ -1,0 +1,128 @@
+"""Soft actor-critic (Haarnoja et al. 2018), as SB3's and CleanRL's: twin Q critics with Polyak-averaged targets, a
+tanh-squashed Gaussian actor, and the entropy temperature alpha tuned towards a target entropy (-|A| by default), on
+replay shards whose global batches sample as one buffer (off_policy.py). What it shares with TD3, DDP's arrangement
+included, is in continuous.py. The actor's and the temperature's losses touch disjoint parameters: one learner
+(one DDP module) computes both, and one backward serves their two optimizers.
+
+This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in faster optimizers."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+
+import torch
+from torch import Tensor, nn
+
+from rlrun.algos.configs import SACConfig
+from rlrun.algos.continuous import ContinuousControl, CriticLearner
+from rlrun.algos.off_policy import polyak_update
+from rlrun.algos.protocol import EnvSpec
+from rlrun.config import ModelConfig
+from rlrun.models.continuous import GaussianActor, TwinQ
+
+
+def soft_q_targets(returns: Tensor, discount: Tensor, next_q: Tensor, next_log_prob: Tensor, alpha: Tensor) -> Tensor:
+    """y = R + gamma^m (min_k Q'_k(s', a') - alpha log pi(a'|s')), a' ~ pi(s') (Haarnoja et al. 2018, eq. 3 with
+    clipped double Q); `discount` is gamma^m, or 0 after termination; next_q is already the minimum. [B]"""
+    return returns + discount * (next_q - alpha * next_log_prob)
+
+
+def temperature_loss(log_alpha: Tensor, log_prob: Tensor, target_entropy: float, batch_size: int) -> Tensor:
+    """-log alpha (log pi + H_target), summed over the items / batch_size (Haarnoja et al. 2018b, eq. 18, in log alpha
+    as SB3): its gradient raises alpha when the policy's entropy -log pi is below the target, and lowers it above."""
+    return -(log_alpha * (log_prob.detach() + target_entropy)).sum() / batch_size
+
+
+class SACActorLearner(nn.Module):
+    """The actor's and temperature's loss module DDP wraps: forward(obs, noise [B, A], critic) -> (actor loss +
+    temperature loss, then each alone and the entropy estimate, all summed over the items / batch_size).
+    Actor loss: alpha log pi(a|s) - min_k Q_k(s, a), a = tanh(mean + std noise) (reparameterized)."""
+
+    def __init__(self, actor: GaussianActor, log_alpha: nn.Parameter, target_entropy: float, batch_size: int):
+        super().__init__()
+        self.actor, self.log_alpha = actor, log_alpha
+        self.target_entropy, self.batch_size = target_entropy, batch_size
+
+    def forward(self, obs: Tensor, noise: Tensor, critic: TwinQ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        actions, log_prob = self.actor(obs, noise)
+        q = critic(obs, actions, detached=True).min(0).values
+        actor_loss = (self.log_alpha.detach().exp() * log_prob - q).sum() / self.batch_size
+        alpha_loss = temperature_loss(self.log_alpha, log_prob, self.target_entropy, self.batch_size)
+        entropy = -log_prob.detach().sum() / self.batch_size
+        return actor_loss + alpha_loss, actor_loss.detach(), alpha_loss.detach(), entropy
+
+
+class SACNetworks(nn.Module):
+    """Every network SAC keeps (what evaluation acts with, checkpoints hold and the ranks' digests cover)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, model_cfg: ModelConfig, cfg: SACConfig):
+        super().__init__()
+        sizes, activation = list(model_cfg.hidden_sizes), model_cfg.activation
+        self.actor = GaussianActor(obs_dim, action_dim, sizes, activation)
+        self.critic = TwinQ(obs_dim, action_dim, sizes, activation)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.autotune)
+
+
+class SAC(ContinuousControl):
+    """Each update steps the critics, then (every policy_frequency updates, that many times) the actor and the
+    temperature, then (every target_update_interval updates) the critics' targets."""
+
+    def __init__(self, cfg: SACConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+        super().__init__(cfg, spec, device, reductions)
+        self.model = nets = SACNetworks(self.obs_dim, self.bounds.dim, model_cfg, cfg).to(device)
+        self.target_entropy = -float(self.bounds.dim) if cfg.target_entropy is None else cfg.target_entropy
+        self.critic_learner = CriticLearner(nets.critic, cfg.batch_size, 0.5)
+        self.actor_learner = SACActorLearner(nets.actor, nets.log_alpha, self.target_entropy, cfg.batch_size)
+
+    @functools.cached_property
+    def alpha_optimizer(self) -> torch.optim.Optimizer | None:
+        return self.adam(self.extra_trained()) if self.cfg.autotune else None
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        alpha = {"alpha": self.alpha_optimizer} if self.alpha_optimizer is not None else {}
+        return super().optimizers() | alpha
+
+    def extra_trained(self) -> list[nn.Parameter]:
+        return [self.model.log_alpha] if self.cfg.autotune else []
+
+    def first_update(self) -> None:
+        polyak_update(self.model.critic_target, self.model.critic, 1.0)
+
+    def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:
+        if deterministic:
+            return self.model.actor.mode(obs)
+        return self.model.actor(obs, torch.randn(len(obs), self.bounds.dim, device=self.device))[0]
+
+    def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):
+        """One SAC update on this rank's items. `noise` [1 + policy_frequency, n, A] is the standard-normal noise of
+        the next actions and of each actor step (drawn here when not given)."""
+        c, nets = self.cfg, self.model
+        obs = batch["obs"]
+        if noise is None:
+            noise = torch.randn(1 + c.policy_frequency, len(obs), self.bounds.dim, device=self.device)
+        with torch.no_grad():
+            next_actions, next_log_prob = nets.actor(batch["next_obs"], noise[0])
+            next_q = nets.critic_target(batch["next_obs"], next_actions).min(0).values
+            alpha = nets.log_alpha.exp()
+            targets = soft_q_targets(batch["returns"], batch["discount"], next_q, next_log_prob, alpha)
+        stats, td_abs = self.step_critics(obs, batch["actions"], targets, weights)
+        if self.updates % c.policy_frequency == 0:
+            for k in range(c.policy_frequency):
+                stats |= self._actor_step(obs, noise[1 + k])
+        if self.updates % c.target_update_interval == 0:
+            polyak_update(nets.critic_target, nets.critic, c.tau)
+        return stats, td_abs
+
+    def _actor_step(self, obs: Tensor, noise: Tensor) -> dict[str, Tensor]:
+        loss, actor_loss, alpha_loss, entropy = self.actor_learner(obs, noise, self.model.critic)
+        steps = [self.actor_optimizer] + ([self.alpha_optimizer] if self.alpha_optimizer is not None else [])
+        for optimizer in steps:
+            optimizer.zero_grad()
+        loss.backward()
+        for optimizer in steps:
+            optimizer.step()
+        alpha = self.model.log_alpha.detach().exp()
+        return {"actor_loss": actor_loss, "alpha_loss": alpha_loss, "entropy": entropy, "charts/alpha": alpha}

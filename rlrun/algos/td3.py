@@ -1,0 +1,94 @@
+"""Twin delayed DDPG (Fujimoto et al. 2018), as SB3's and CleanRL's: a deterministic actor explored with Gaussian
+noise, twin Q critics trained towards the smaller target Q at a smoothed target action, and the actor and the targets
+updated every policy_delay critic updates. What it shares with SAC (action bounds, the critics' learner, DDP's
+arrangement of one learner per optimizer) is in continuous.py. On the delayed steps the actor's learner runs no
+forward on any rank, so its DDP reducer has nothing to wait for: every rank counts updates alike.
+
+This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in faster optimizers."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from rlrun.algos.configs import TD3Config
+from rlrun.algos.continuous import ContinuousControl, CriticLearner
+from rlrun.algos.off_policy import polyak_update
+from rlrun.algos.protocol import EnvSpec
+from rlrun.config import ModelConfig
+from rlrun.models.continuous import DeterministicActor, TwinQ
+
+
+def smoothed_target_actions(target_actions: Tensor, noise: Tensor, noise_clip: float) -> Tensor:
+    """Target policy smoothing (Fujimoto et al. 2018, eq. 15): clip(mu'(s') + clip(noise, -c, c), -1, 1), where
+    `noise` is already scaled (target_policy_noise x N(0, 1))."""
+    return (target_actions + noise.clamp(-noise_clip, noise_clip)).clamp(-1.0, 1.0)
+
+
+class TD3ActorLearner(nn.Module):
+    """The actor's loss module DDP wraps: forward(obs, critic) -> -Q_1(s, mu(s)) summed over the items / batch_size
+    (the first critic only, as in the paper)."""
+
+    def __init__(self, actor: DeterministicActor, batch_size: int):
+        super().__init__()
+        self.actor, self.batch_size = actor, batch_size
+
+    def forward(self, obs: Tensor, critic: TwinQ) -> Tensor:
+        return -critic(obs, self.actor(obs), detached=True, first=True).sum() / self.batch_size
+
+
+class TD3Networks(nn.Module):
+    """Every network TD3 keeps (what evaluation acts with, checkpoints hold and the ranks' digests cover)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, model_cfg: ModelConfig):
+        super().__init__()
+        sizes, activation = list(model_cfg.hidden_sizes), model_cfg.activation
+        self.actor = DeterministicActor(obs_dim, action_dim, sizes, activation)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critic = TwinQ(obs_dim, action_dim, sizes, activation)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+
+
+class TD3(ContinuousControl):
+    """Each update steps the critics, and every policy_delay updates the actor and both targets."""
+
+    def __init__(self, cfg: TD3Config, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+        super().__init__(cfg, spec, device, reductions)
+        self.model = TD3Networks(self.obs_dim, self.bounds.dim, model_cfg).to(device)
+        self.critic_learner = CriticLearner(self.model.critic, cfg.batch_size, 1.0)
+        self.actor_learner = TD3ActorLearner(self.model.actor, cfg.batch_size)
+
+    def first_update(self) -> None:
+        polyak_update(self.model.critic_target, self.model.critic, 1.0)
+        polyak_update(self.model.actor_target, self.model.actor, 1.0)
+
+    def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:
+        mu = self.model.actor(obs)
+        if deterministic or self.cfg.exploration_noise == 0:
+            return mu
+        return (mu + self.cfg.exploration_noise * torch.randn(mu.shape, device=self.device)).clamp(-1.0, 1.0)
+
+    def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):
+        """One TD3 update on this rank's items. `noise` [n, A] is the standard-normal noise of the target actions
+        (drawn here when not given)."""
+        c, nets = self.cfg, self.model
+        obs, next_obs = batch["obs"], batch["next_obs"]
+        if noise is None:
+            noise = torch.randn(len(obs), self.bounds.dim, device=self.device)
+        with torch.no_grad():
+            smoothing = c.target_policy_noise * noise
+            next_actions = smoothed_target_actions(nets.actor_target(next_obs), smoothing, c.target_noise_clip)
+            next_q = nets.critic_target(next_obs, next_actions).min(0).values
+            targets = batch["returns"] + batch["discount"] * next_q
+        stats, td_abs = self.step_critics(obs, batch["actions"], targets, weights)
+        if self.updates % c.policy_delay == 0:
+            actor_loss = self.actor_learner(obs, nets.critic)
+            self.actor_optimizer.zero_grad()
+            actor_loss.backward()
+            self.actor_optimizer.step()
+            polyak_update(nets.critic_target, nets.critic, c.tau)
+            polyak_update(nets.actor_target, nets.actor, c.tau)
+            stats["actor_loss"] = actor_loss.detach()
+        return stats, td_abs
