@@ -170,6 +170,7 @@ def test_exploration_is_uniform_until_updates_start_then_the_policys(algo):
         (["algo=td3", "env=pendulum", "model=lstm"], "algo=td3 builds MLP actors and critics"),
         (["algo=sac", "env=pendulum", "algo.tau=0"], "algo.tau=0.0: must be in (0, 1]"),
         (["algo=td3", "env=pendulum", "algo.policy_delay=0"], "algo.policy_delay=0: must be >= 1"),
+        (["algo=sac", "env=pendulum", "algo.gradient_steps=0"], "algo.gradient_steps=0: must be >= 1"),
     ],
 )
 def test_bad_sac_and_td3_configs_get_one_line(tmp_path, args, message):

@@ -237,6 +237,8 @@ class ContinuousControlConfig:
             f"model={run.model.name}{' with model._target_' if run.model._target_ else ''} is not accepted",
         )
         check_replay_algorithm(self, run)
+        # (DQN accepts 0, a run that only collects; here it would act uniformly at random throughout.)
+        check(self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps}: must be >= 1")
 
 
 @dataclass

@@ -97,6 +97,7 @@ class ContinuousControl(ReplayAlgorithm):
     def wrap_learner(self, wrap: Wrap) -> None:
         self.critic_learner = wrap(self.critic_learner, trainable(self.model.critic))
         self.actor_learner = wrap(self.actor_learner, trainable(self.model.actor) + self.extra_trained())
+        self.first_update()  # DDP gave every rank rank 0's networks: the targets follow now, so all digests agree
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:

@@ -124,5 +124,5 @@ class SAC(ContinuousControl):
         loss.backward()
         for optimizer in steps:
             optimizer.step()
-        alpha = self.model.log_alpha.detach().exp()
-        return {"actor_loss": actor_loss, "alpha_loss": alpha_loss, "entropy": entropy, "charts/alpha": alpha}
+        stats = {"actor_loss": actor_loss, "entropy": entropy, "charts/alpha": self.model.log_alpha.detach().exp()}
+        return stats | ({"alpha_loss": alpha_loss} if self.alpha_optimizer is not None else {})

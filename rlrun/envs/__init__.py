@@ -112,8 +112,10 @@ def _route_mujoco_warnings(env_id: str) -> None:
     settotalmass at every env built)."""
     spec = gym.spec(env_id)
     if isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.mujoco"):
-        import mujoco
-
+        try:
+            import mujoco
+        except ImportError as e:
+            raise UserError(f"env {env_id} needs MuJoCo: pip install 'rlrun[mujoco]' ({e})") from e
         mujoco.set_mju_user_warning(_mujoco_warning)
 
 
