@@ -267,7 +267,7 @@ def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activati
         cfg = SACConfig(fast=fast, batch_size=16) if algo == "sac" else TD3Config(fast=fast, batch_size=16)
         a = build_algo(cfg, net, PENDULUM, torch.device("cpu"))
         applied.append(accelerate(a, None))
-        a.first_update()
+        a.sync_targets()
         for step in (1, 2, 3):
             a.updates = step
             g = torch.Generator().manual_seed(step)

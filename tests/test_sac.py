@@ -107,7 +107,7 @@ def test_one_sac_update_steps_critics_actor_and_temperature_and_averages_the_tar
     torch.manual_seed(0)
     cfg = SACConfig(batch_size=8, tau=0.1)
     algo = build_algo(cfg, SMALL_NET, PENDULUM, torch.device("cpu"))
-    algo.first_update()
+    algo.sync_targets()
     before = _state(algo)
     algo.updates = 1
     stats, td_abs = algo.learn(_batch(8), torch.ones(8))
@@ -125,7 +125,7 @@ def test_one_sac_update_steps_critics_actor_and_temperature_and_averages_the_tar
 
 def test_sac_with_a_fixed_temperature_never_moves_it():
     algo = build_algo(SACConfig(batch_size=8, autotune=False, alpha=0.2), SMALL_NET, PENDULUM, torch.device("cpu"))
-    algo.first_update()
+    algo.sync_targets()
     algo.updates = 1
     algo.learn(_batch(8), torch.ones(8))
     assert algo.model.log_alpha.item() == pytest.approx(math.log(0.2)) and "alpha" not in algo.optimizers()
@@ -134,7 +134,7 @@ def test_sac_with_a_fixed_temperature_never_moves_it():
 def test_td3_delays_the_actor_and_the_targets():
     torch.manual_seed(0)
     algo = build_algo(TD3Config(batch_size=8, policy_delay=2), SMALL_NET, PENDULUM, torch.device("cpu"))
-    algo.first_update()
+    algo.sync_targets()
     before = _state(algo)
     algo.updates = 1
     stats, _ = algo.learn(_batch(8), torch.ones(8))

@@ -35,7 +35,7 @@ def updates_on_a_shared_batch(ctx: RankContext, algo: str, batch: int = 8) -> di
     )
     a = build_algo(cfg, SMALL_NET, PENDULUM, ctx.device, Reductions(ctx.mean_all))
     a.wrap_learner(ctx.wrap)
-    a.first_update()
+    a.sync_targets()
     rows = slice(0, batch) if ctx.world_size == 1 else [slice(0, 5), slice(5, batch)][ctx.rank]
     for step in (1, 2):
         full, g = _batch(batch, seed=step), torch.Generator().manual_seed(10 + step)

@@ -10,6 +10,14 @@ from dataclasses import dataclass, field
 from rlrun.config import RECURRENT_MODELS, TrainConfig, check
 
 
+def check_unroll(cfg) -> None:
+    """The checks PPO and A2C share: rate, unroll length and the returns' discounts."""
+    check(cfg.lr > 0, f"algo.lr={cfg.lr}: must be > 0")
+    check(cfg.num_steps >= 1, f"algo.num_steps={cfg.num_steps}: must be >= 1")
+    check(0 < cfg.gamma <= 1, f"algo.gamma={cfg.gamma}: must be in (0, 1]")
+    check(0 <= cfg.gae_lambda <= 1, f"algo.gae_lambda={cfg.gae_lambda}: must be in [0, 1]")
+
+
 @dataclass
 class PPOConfig:
     """PPO hyperparameters (names follow CleanRL's ppo.py). Sizes are per rank."""
@@ -42,10 +50,7 @@ class PPOConfig:
 
     def validate(self, run: TrainConfig) -> None:
         """Range and consistency checks against the whole run's config; UserError with one line."""
-        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
-        check(self.num_steps >= 1, f"algo.num_steps={self.num_steps}: must be >= 1")
-        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
-        check(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda}: must be in [0, 1]")
+        check_unroll(self)
         check(self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs}: must be >= 1")
         check(self.clip_coef > 0, f"algo.clip_coef={self.clip_coef}: must be > 0")
         check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
@@ -97,10 +102,7 @@ class A2CConfig:
 
     def validate(self, run: TrainConfig) -> None:
         """Range and consistency checks against the whole run's config; UserError with one line."""
-        check(self.lr > 0, f"algo.lr={self.lr}: must be > 0")
-        check(self.num_steps >= 1, f"algo.num_steps={self.num_steps}: must be >= 1")
-        check(0 < self.gamma <= 1, f"algo.gamma={self.gamma}: must be in (0, 1]")
-        check(0 <= self.gae_lambda <= 1, f"algo.gae_lambda={self.gae_lambda}: must be in [0, 1]")
+        check_unroll(self)
         check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
         check(self.optimizer in OPTIMIZERS, f"algo.optimizer={self.optimizer}: accepted are {', '.join(OPTIMIZERS)}")
         check(0 <= self.alpha < 1, f"algo.alpha={self.alpha}: must be in [0, 1)")

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from rlrun.algos.configs import ContinuousControlConfig
 from rlrun.algos.off_policy import ReplayAlgorithm
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
-from rlrun.errors import UserError
+from rlrun.envs import check_action_space
 from rlrun.models import trainable
 from rlrun.models.continuous import TwinQ
 
@@ -30,10 +30,7 @@ class ActionBounds:
     actions scaled to [low, high]."""
 
     def __init__(self, space: gym.Space, algo: str):
-        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-            raise UserError(f"algo={algo} needs a continuous (1-D Box) action space; this env has {space}")
-        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            raise UserError(f"algo={algo} scales actions to the env's bounds, so they must be finite; got {space}")
+        check_action_space(space, "continuous", "this env", algo)
         self.low, self.high, self.dtype = space.low.astype(np.float64), space.high.astype(np.float64), space.dtype
         self.dim = space.shape[0]
 
@@ -97,7 +94,7 @@ class ContinuousControl(ReplayAlgorithm):
     def wrap_learner(self, wrap: Wrap) -> None:
         self.critic_learner = wrap(self.critic_learner, trainable(self.model.critic))
         self.actor_learner = wrap(self.actor_learner, trainable(self.model.actor) + self.extra_trained())
-        self.first_update()  # DDP gave every rank rank 0's networks: the targets follow now, so all digests agree
+        self.sync_targets()
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
@@ -129,6 +126,4 @@ class ContinuousControl(ReplayAlgorithm):
     def load_learner_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         for name, optimizer in self.optimizers().items():
-            optimizer.load_state_dict(state[f"{name}_optimizer"])
-            for group in optimizer.param_groups:  # the configured rate, also when the resume changed it
-                group["lr"] = self.cfg.lr
+            self.load_optimizer(optimizer, state[f"{name}_optimizer"])

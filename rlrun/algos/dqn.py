@@ -101,7 +101,7 @@ class DQN(ReplayAlgorithm):
         actions = self._greedy_or_random(obs, self.epsilon)
         return actions, actions
 
-    def first_update(self) -> None:
+    def sync_targets(self) -> None:
         polyak_update(self.target, self.model, 1.0)
 
     def charts(self) -> dict[str, float]:
@@ -139,6 +139,4 @@ class DQN(ReplayAlgorithm):
     def load_learner_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group in self.optimizer.param_groups:  # the configured rate, also when the resume changed it
-            group["lr"] = self.cfg.lr
+        self.load_optimizer(self.optimizer, state["optimizer"])

@@ -90,8 +90,9 @@ class ReplayAlgorithm:
     def load_learner_state(self, state: dict) -> None:
         raise NotImplementedError
 
-    def first_update(self) -> None:
-        """Before the first update: DDP gave every rank rank 0's networks; targets start from them."""
+    def sync_targets(self) -> None:
+        """Targets <- the online networks. Called once the learners are wrapped: DDP gave every rank rank 0's
+        networks there, and the targets start from them (a resume then loads its own)."""
 
     def charts(self) -> dict[str, float]:
         """What the algorithm logs at every update besides its stats (schedules, rates)."""
@@ -109,6 +110,7 @@ class ReplayAlgorithm:
 
     def wrap_learner(self, wrap: Wrap) -> None:
         self.learner = wrap(self.learner, self.trained)
+        self.sync_targets()
 
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs
@@ -146,8 +148,6 @@ class ReplayAlgorithm:
         if shard_stats[:, 1].sum() < max(c.learning_starts, 1):
             self._warn_if_stalled(len(shard_stats), int(shard_stats[:, 1].sum()))
             return self._stats(beta, [])
-        if self.updates == 0:
-            self.first_update()
         steps = []
         for step in range(c.gradient_steps):
             if step > 0 and c.replay.prioritized:  # priorities changed: the shards' masses too (uniform: not)
@@ -188,6 +188,12 @@ class ReplayAlgorithm:
         if self.cfg.replay.prioritized:
             out["charts/beta"] = beta
         return out
+
+    def load_optimizer(self, optimizer, state: dict) -> None:
+        """An optimizer's saved state, at the configured rate (also when the resume changed it)."""
+        optimizer.load_state_dict(state)
+        for group in optimizer.param_groups:
+            group["lr"] = self.cfg.lr
 
     def state_dict(self) -> dict:
         """What every rank shares: networks, optimizers, update count, the shard-split stream, max priority."""

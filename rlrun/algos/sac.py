@@ -88,7 +88,7 @@ class SAC(ContinuousControl):
     def extra_trained(self) -> list[nn.Parameter]:
         return [self.model.log_alpha] if self.cfg.autotune else []
 
-    def first_update(self) -> None:
+    def sync_targets(self) -> None:
         polyak_update(self.model.critic_target, self.model.critic, 1.0)
 
     def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:

@@ -60,7 +60,7 @@ class TD3(ContinuousControl):
         self.critic_learner = CriticLearner(self.model.critic, cfg.batch_size, 1.0)
         self.actor_learner = TD3ActorLearner(self.model.actor, cfg.batch_size)
 
-    def first_update(self) -> None:
+    def sync_targets(self) -> None:
         polyak_update(self.model.critic_target, self.model.critic, 1.0)
         polyak_update(self.model.actor_target, self.model.actor, 1.0)
 

@@ -87,11 +87,12 @@ def check_action_space(space: gym.Space, kind: str, env_id: str, algo: str) -> N
     value-based algorithms) or "continuous" (a 1-D Box with finite bounds: SAC and TD3 scale actions to them)."""
     if kind == "discrete" and not isinstance(space, gym.spaces.Discrete):
         raise UserError(f"algo={algo} needs a discrete action space; {env_id} has {space}")
-    if kind == "continuous":
-        box = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
-        if not (box and np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            accepted = "a 1-D Box with finite bounds"
-            raise UserError(f"algo={algo} needs a continuous action space ({accepted}); {env_id} has {space}")
+    if kind != "continuous":
+        return
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        raise UserError(f"algo={algo} needs a continuous action space (a 1-D Box); {env_id} has {space}")
+    if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise UserError(f"algo={algo} scales actions to the env's bounds, so they must be finite; {env_id} has {space}")
 
 
 def atari_config(cfg: EnvConfig) -> AtariConfig | None:
