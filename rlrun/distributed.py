@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,16 @@ class RankContext:
         dist.all_gather(out, y)
         return torch.stack(out).to(x.device)
 
+    def finish_line(self) -> FinishLine | None:
+        """The rollouts' finish line for straggler preemption (call after init), or None in one process."""
+        if not self.distributed:
+            return None
+        # The c10d store the process group was formed on (torch elastic's, or the one at MASTER_ADDR): no new server.
+        store = dist.distributed_c10d._get_default_store()
+        # Keys of an attempt that elastic restarted must not count in the next one.
+        prefix = f"rlrun/rollouts/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        return FinishLine(dist.PrefixStore(prefix, store), self.rank, self.world_size)
+
     def wrap(
         self,
         module: nn.Module,
@@ -122,6 +133,39 @@ class RankContext:
         from rlrun import ddp
 
         return ddp.wrap(module, trained, self.device, find_unused_parameters, sync_batchnorm)
+
+
+class FinishLine:
+    """DD-PPO's signal for preempting stragglers (Wijmans et al. 2020): each rank adds 1 to a counter in the process
+    group's c10d store when its rollout is done, and a rank still collecting reads what fraction of ranks is done.
+    One counter per rollout (the store's add is atomic), so no reset can race with a fast rank's next rollout. A read
+    is a round trip to the store (tens of microseconds here, more across nodes): at most one per POLL_S."""
+
+    POLL_S = 0.002
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.rollout = 0
+        self.done, self.polled = 0, 0.0
+
+    def start(self) -> None:
+        """A rollout starts on this rank (every rank starts each rollout once, in order)."""
+        if self.rank == 0 and self.rollout > 0:
+            # Every rank is past the previous rollout's counter: a collective (the update's) lay between them.
+            self.store.delete_key(str(self.rollout - 1))
+        self.rollout += 1
+        self.done, self.polled = 0, 0.0
+
+    def fraction_done(self) -> float:
+        """The fraction of ranks that have finished this rollout, as last read from the store."""
+        now = time.perf_counter()
+        if now - self.polled >= self.POLL_S:
+            self.done, self.polled = self.store.add(str(self.rollout - 1), 0), now
+        return self.done / self.world_size
+
+    def finish(self) -> None:
+        """This rank's rollout is done (in full, or cut short)."""
+        self.store.add(str(self.rollout - 1), 1)
 
 
 def torchrun_job() -> tuple[int, str] | None:

@@ -83,6 +83,46 @@ class EpisodeLog:
         }
 
 
+class RolloutLog:
+    """What each rank collected, gathered once per iteration with whether any rank was asked to stop. With
+    straggler preemption it keeps each rank's env steps and rollouts cut short, between log lines and in all (the
+    same figures on every rank; the main rank logs them). gather() is a collective: every rank calls it at every
+    iteration."""
+
+    def __init__(self, ctx: RankContext, full_rollout: int):
+        self.ctx, self.full = ctx, full_rollout  # one rank's env steps in a rollout not cut short
+        self.steps, self.cut = np.zeros(ctx.world_size, np.int64), np.zeros(ctx.world_size, np.int64)
+        self.total_steps, self.total_cut = self.steps.copy(), self.cut.copy()
+        self.rollouts = 0  # since the last log line
+        self.seen = False  # whether rollouts could be cut: the run preempts stragglers
+
+    def gather(self, stop_requested: bool, collected: dict) -> tuple[bool, int]:
+        """(whether any rank was asked to stop, the env steps all ranks collected) for an iteration whose collect
+        returned `collected` here."""
+        preempting = "preempted" in collected  # on every rank alike
+        own = [stop_requested, collected["env_steps"], preempting and collected["preempted"]]
+        report = self.ctx.gather_all(torch.tensor(own, dtype=torch.int64)).numpy()
+        if preempting:
+            self.steps += report[:, 1]
+            self.cut += report[:, 2]
+            self.rollouts += 1
+            self.seen = True
+        return bool(report[:, 0].any()), int(report[:, 1].sum())
+
+    def metrics(self) -> dict:
+        out = {f"preemption/steps_rank{r}": int(n) for r, n in enumerate(self.steps)}
+        out |= {f"preemption/preempted_rank{r}": int(n) for r, n in enumerate(self.cut)}
+        out["preemption/preempted_steps"] = int(self.rollouts * self.full * len(self.steps) - self.steps.sum())
+        self.total_steps += self.steps
+        self.total_cut += self.cut
+        self.steps[:], self.cut[:], self.rollouts = 0, 0, 0
+        return out
+
+    def summary(self) -> dict:
+        self.metrics()  # the last interval into the totals
+        return {"env_steps_per_rank": self.total_steps.tolist(), "preempted_per_rank": self.total_cut.tolist()}
+
+
 def auto_threads(model: ModelConfig, local_ranks: int) -> int:
     """torch threads per rank when not configured: one for MLPs and recurrent cores on them, whose small ops
     gain nothing from more and slow down badly when the cores are contended; for CNNs, the cores split
@@ -175,7 +215,8 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     collect_threads = max(1, threads - envs.num_workers)
     torch.manual_seed(cfg.seed + ctx.rank)
     spec = EnvSpec(envs.single_observation_space, envs.single_action_space, cfg.env.num_envs, frame_stack(cfg.env))
-    algo = build_algo(cfg.algo, cfg.model, spec, ctx.device, Reductions(ctx.mean_all, Shards(ctx.rank, ctx.gather_all)))
+    reductions = Reductions(ctx.mean_all, Shards(ctx.rank, ctx.gather_all), ctx.finish_line())
+    algo = build_algo(cfg.algo, cfg.model, spec, ctx.device, reductions)
     accelerations = accelerate(algo, envs)
     shapes = ctx.all_gather(algo.update_shape)
     if len(set(shapes)) > 1:  # unequal minibatch counts would hang DDP's all-reduce: fail instead
@@ -185,8 +226,9 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         partial(ctx.wrap, find_unused_parameters=d.find_unused_parameters, sync_batchnorm=d.sync_batchnorm)
     )
     # (DDP broadcast rank 0's parameters there)
-    steps_per_iteration = algo.steps_per_collect * ctx.world_size
+    steps_per_iteration = algo.steps_per_collect * ctx.world_size  # fewer when a straggler is preempted
     num_iterations = cfg.total_steps // steps_per_iteration
+    final_steps = num_iterations * steps_per_iteration  # the run ends at or after this many env steps
     env_steps = iteration = 0
     algo.start(envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
     episodes_log = EpisodeLog(ctx)
@@ -225,37 +267,40 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     recent: deque[float] = deque(maxlen=100)
     eval_returns = None
     recovery = Recovery(checkpointer, config_yaml, run_dir, logger, iteration, env_steps if resume_state else None)
+    rollouts = RolloutLog(ctx, algo.steps_per_collect)
     stopped: int | None = None  # the signal all ranks stop for, when one of them got one
     try:
-        while iteration < num_iterations:
-            if ctx.any_all(stop.signum is not None):  # all ranks stop at the same iteration, or none does
-                stopped = int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
-                break
+        while env_steps < final_steps:
             torch.set_num_threads(collect_threads)
-            episodes = algo.collect(envs, env_steps / cfg.total_steps)
+            collected = algo.collect(envs, env_steps / cfg.total_steps)
             torch.set_num_threads(threads)
             evaluator.check_alive()
             recovery.updating = True
             stats = algo.update(progress=env_steps / cfg.total_steps)
             recovery.updating = False
-            before, env_steps, iteration = env_steps, env_steps + steps_per_iteration, iteration + 1
-            episodes_log.add(episodes["episode_returns"], episodes["episode_lengths"])
-            recent.extend(episodes["episode_returns"].tolist())
+            stopping, steps = rollouts.gather(stop.signum is not None, collected)
+            before, env_steps, iteration = env_steps, env_steps + steps, iteration + 1
+            episodes_log.add(collected["episode_returns"], collected["episode_lengths"])
+            recent.extend(collected["episode_returns"].tolist())
             sps = (env_steps - start_steps) / (time.perf_counter() - start_time)
             logger.progress(env_steps, sps, float(np.mean(recent)) if recent else None)
-            last = iteration == num_iterations
+            last = env_steps >= final_steps
             eval_now = crossed(before, env_steps, cfg.eval.every_steps) and not last
             if crossed(before, env_steps, cfg.logging.every_steps) or eval_now:
                 metrics = update_metrics(stats, ctx.mean_all) | {
                     "charts/iteration": iteration,
                     "charts/sps": sps,
                     **episodes_log.metrics(),
+                    **(rollouts.metrics() if rollouts.seen else {}),
                 }
                 evaluated = _log_interval(logger, env_steps, metrics, evaluator(algo) if eval_now else None)
                 eval_returns = eval_returns if evaluated is None else evaluated
             if crossed(before, env_steps, cfg.checkpoint.every_steps) and not last:
                 save()
                 recovery.saved_at = env_steps
+            if stopping and not last:  # all ranks stop at the same iteration, or none does
+                stopped = int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
+                break
         loop_seconds = time.perf_counter() - start_time
         interrupted = stopped is not None  # on every rank alike
         final = save()  # before the final evaluation, which may fail
@@ -290,6 +335,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         "threads": torch.get_num_threads(),
         "episodes": episodes_log.total,
         "episodes_per_rank": ctx.all_gather(episodes_log.own_total),
+        **(rollouts.summary() if rollouts.seen else {}),
         "parameter_digests": ctx.all_gather(parameter_digest(algo.model)),  # equal when DDP kept ranks in sync
     }
     if interrupted:

@@ -53,7 +53,7 @@ class Bandit:
         return self.learner(torch.ones(1, 1))[0]
 
     @torch.no_grad()
-    def collect(self, envs, progress: float) -> dict[str, np.ndarray]:
+    def collect(self, envs, progress: float) -> dict:
         actions, rewards, episodes = [], [], []
         for _ in range(self.cfg.num_steps):
             a = torch.distributions.Categorical(logits=self._logits()).sample((self.spec.num_envs,))
@@ -64,7 +64,7 @@ class Bandit:
                 ended = info["final_info"]["_episode"]
                 episodes.append((info["final_info"]["episode"]["r"][ended], info["final_info"]["episode"]["l"][ended]))
         self.batch = torch.cat(actions), torch.cat(rewards)
-        return episodes_of(episodes)
+        return episodes_of(episodes, self.steps_per_collect)
 
     def update(self, progress: float) -> dict[str, float]:
         actions, rewards = self.batch

@@ -103,7 +103,7 @@ class A2CUnroll(nn.Module):
             outs[t, envs], values[t, envs], actions[t, envs] = policy_out, value, action
             return action.cpu().numpy()
 
-        next_obs, episodes = step_groups(envs, obs, self.cfg.num_steps, act, self.value_of, stored)
+        next_obs, episodes, _ = step_groups(envs, obs, self.cfg.num_steps, act, self.value_of, stored)
         return outs.stacked(), values.stacked(), actions.stacked(), next_obs, episodes
 
     def targets(self, values: Tensor, next_obs: np.ndarray) -> tuple[Tensor, Tensor]:
@@ -193,11 +193,11 @@ class A2C:
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs
 
-    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, np.ndarray]:
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict:
         """One unroll of num_steps x num_envs transitions, keeping its loss (and graph) for update()."""
         self.model.train()
         self.loss, self.stats, self.next_obs, episodes = self.learner(envs, self.next_obs)
-        return episodes_of(episodes)
+        return episodes_of(episodes, self.steps_per_collect)
 
     def update(self, progress: float) -> dict[str, float]:
         """The gradient step on the last unroll's loss; `progress` in [0, 1) sets the annealed learning rate."""

@@ -5,6 +5,7 @@ its schema from here. A new algorithm adds its schema here beside its module."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rlrun.config import RECURRENT_MODELS, TrainConfig, check
@@ -47,10 +48,18 @@ class PPOConfig:
     # instead of the rank acting for all of them: on CPU, for feedforward policies without normalize_obs, and
     # unless env.vector.double_buffer is on. The runs differ from rank-acting ones only in the samples.
     act_in_workers: bool = True
+    # Straggler preemption (DD-PPO's sync_frac, Wijmans et al. 2020), with several ranks: once this fraction of the
+    # ranks has finished its rollout, the others end theirs at their next step, if they have taken at least
+    # preempt_floor x num_steps steps. A cut rollout bootstraps from the value where it stopped, as at a truncation,
+    # and the update weighs every sample of every rank alike. null: every rank collects num_steps (as DD-PPO: 0.6).
+    preempt_fraction: float | None = None
+    preempt_floor: float = 0.25
 
     def validate(self, run: TrainConfig) -> None:
         """Range and consistency checks against the whole run's config; UserError with one line."""
         check_unroll(self)
+        if self.preempt_fraction is not None:
+            self._validate_preemption(run)
         check(self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs}: must be >= 1")
         check(self.clip_coef > 0, f"algo.clip_coef={self.clip_coef}: must be > 0")
         check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
@@ -74,6 +83,27 @@ class PPOConfig:
                 f"algo.num_minibatches={self.num_minibatches} must divide env.num_envs={num_envs} for "
                 f"model={run.model.name} (its minibatches are whole env sequences)",
             )
+
+    @property
+    def preempt_after(self) -> int:
+        """The fewest steps a preempted rollout takes (preempt_floor x num_steps, at least 1)."""
+        return max(1, math.ceil(self.preempt_floor * self.num_steps))
+
+    def _validate_preemption(self, run: TrainConfig) -> None:
+        f = self.preempt_fraction
+        check(0 < f <= 1, f"algo.preempt_fraction={f}: must be in (0, 1] (or null: no preemption)")
+        check(0 < self.preempt_floor <= 1, f"algo.preempt_floor={self.preempt_floor}: must be in (0, 1]")
+        check(
+            not (self.normalize_obs or self.normalize_reward),
+            "algo.preempt_fraction needs algo.normalize_obs=false and algo.normalize_reward=false: their statistics "
+            "are averaged over ranks at every step, which a rollout cut short would leave unmatched",
+        )
+        shortest = self.preempt_after * run.env.num_envs
+        check(
+            run.model.name in RECURRENT_MODELS or shortest >= self.num_minibatches,
+            f"algo.preempt_floor={self.preempt_floor}: the shortest rollout ({self.preempt_after} steps x "
+            f"{run.env.num_envs} envs) must fill algo.num_minibatches={self.num_minibatches}",
+        )
 
 
 OPTIMIZERS = ("rmsprop", "rmsprop_tf", "adam")

@@ -1,7 +1,8 @@
 """Running statistics for observation and reward normalization, and advantage normalization.
 
 Every statistic that all ranks must share takes `mean_all`, which averages a tensor across ranks
-(the identity on one process); ranks hold equal batch sizes, so a mean of means is the global mean.
+(the identity on one process); ranks hold equal batch sizes, so a mean of means is the global mean (when a
+straggler's rollout is cut short they do not, and weighted_mean_all weighs each rank's mean by its size).
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ MeanAll = Callable[[Tensor], Tensor]
 
 def identity(x: Tensor) -> Tensor:
     return x
+
+
+def weighted_mean_all(mean_all: MeanAll, weight: float) -> MeanAll:
+    """mean_all for ranks holding unequal batches: a rank's mean counts by `weight`, its batch size over the mean
+    batch size of all ranks, so that a mean of means becomes the mean over every element of every rank."""
+    return lambda x: mean_all(x * weight)
 
 
 def global_moments(x: Tensor, mean_all: MeanAll = identity) -> tuple[Tensor, Tensor]:

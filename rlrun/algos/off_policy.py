@@ -119,7 +119,7 @@ class ReplayAlgorithm:
         return torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
 
     @torch.inference_mode()
-    def collect(self, envs, progress: float = 0.0) -> dict[str, np.ndarray]:
+    def collect(self, envs, progress: float = 0.0) -> dict:
         """train_freq vector steps into the replay shard; returns finished episodes."""
         if self.modal:
             self.model.eval()  # acting; update() learns in train mode
@@ -134,7 +134,7 @@ class ReplayAlgorithm:
                 episodes.append((returns[ended], lengths[ended]))
             obs = next_obs
         self.next_obs = obs
-        return episodes_of(episodes)
+        return episodes_of(episodes, self.steps_per_collect)
 
     def update(self, progress: float) -> dict[str, float]:
         """gradient_steps updates, each on one global batch (ranks x batch_size items) drawn across the shards.

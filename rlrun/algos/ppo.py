@@ -3,6 +3,8 @@
 normalization, global grad-norm clipping, linear LR annealing, optional target-KL stop and normalization.
 Recurrent policies (the LSTM details there; CleanRL's ppo_atari_lstm.py) carry their state across rollouts and
 train on whole env sequences with the state reset where episodes start, without padding or chunking.
+With several ranks and `preempt_fraction` set, a rank whose rollout lags is cut short (DD-PPO's straggler
+preemption, Wijmans et al. 2020), and the update weighs the ranks' unequal rollouts so every sample counts alike.
 
 This is the reference: plain torch, autograd, torch.optim.Adam, the policy acting in the rank. It is what
 `algo.fast=false` runs end to end. With `algo.fast=true` (the default), rlrun/fast/ swaps some of its parts
@@ -22,11 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import PPOConfig
-from rlrun.algos.normalize import RunningMoments, normalize_advantages
+from rlrun.algos.normalize import RunningMoments, normalize_advantages, weighted_mean_all
 from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
-from rlrun.buffers.rollout import Rollout, minibatch_indices, take_rows
+from rlrun.buffers.rollout import Rollout, minibatch_indices, minibatch_slices, take_rows
 from rlrun.config import ModelConfig
 from rlrun.models import RecurrentActorCritic, build_actor_critic, trainable
 from rlrun.models.encoders import observation_dtype
@@ -94,7 +96,8 @@ class PPOLearner(nn.Module):
         return loss, stats
 
 
-CollectSteps = Callable[[VectorEnv, np.ndarray], tuple[np.ndarray, list[Episodes]]]
+# (envs, obs, cut) -> (observations after the rollout, episodes that ended, steps taken); cut as step_groups takes it
+CollectSteps = Callable[[VectorEnv, np.ndarray, Callable[[int], bool] | None], tuple[np.ndarray, list[Episodes], int]]
 
 
 class PPO:
@@ -107,6 +110,7 @@ class PPO:
         self.cfg = cfg
         self.device = device
         self.mean_all = reductions.mean_all
+        self.finish_line = reductions.finish_line if cfg.preempt_fraction is not None else None
         self.num_envs = spec.num_envs
         self.model_spec = (model_cfg, obs_space, action_space)  # what env workers build their copies from
         self.model = build_actor_critic(model_cfg, obs_space, action_space).to(device)
@@ -131,6 +135,7 @@ class PPO:
         self.obs_rms = RunningMoments(obs_space.shape, self.mean_all, device) if cfg.normalize_obs else None
         self.ret_rms = RunningMoments((), self.mean_all) if cfg.normalize_reward else None
         self.next_obs: np.ndarray | None = None  # the observation the next collect starts from
+        self.length = cfg.num_steps  # steps in the last rollout: fewer when a straggler was preempted
         self.discounted_return = np.zeros(spec.num_envs)  # per env, for reward scaling
         if self.recurrent:  # per env, carried across rollouts: the core's state, and whether next_obs starts an episode
             self.state = self.model.initial_state(spec.num_envs, device)
@@ -200,9 +205,11 @@ class PPO:
         starts = torch.zeros_like(idx, dtype=torch.bool) if starts is None else starts
         return self.model.value(x, self.state[idx], starts)
 
-    def _act_and_step(self, envs: VectorEnv, obs: np.ndarray) -> tuple[np.ndarray, list[Episodes]]:
-        """collect's steps with the policy acting here (step_groups). Returns the observations after the rollout
-        and the episodes that ended."""
+    def _act_and_step(
+        self, envs: VectorEnv, obs: np.ndarray, cut: Callable[[int], bool] | None = None
+    ) -> tuple[np.ndarray, list[Episodes], int]:
+        """collect's steps with the policy acting here (step_groups, which asks `cut`). Returns the observations
+        after the rollout, the episodes that ended and the steps taken."""
         r = self.rollout
         acted = {name: StepRows(getattr(r, name)) for name in ACTED}
         out = SimpleNamespace(**acted, next_values=r.next_values, **{k: getattr(r, k) for k in STEPPED})
@@ -210,61 +217,79 @@ class PPO:
         def act(obs: np.ndarray, t: int, envs: slice) -> np.ndarray:
             return act_step(self._act, self.preprocess(obs, update_stats=True), t, envs, out).cpu().numpy()
 
-        next_obs, episodes = step_groups(envs, obs, self.cfg.num_steps, act, self._value_of, out)
+        next_obs, episodes, steps = step_groups(envs, obs, self.cfg.num_steps, act, self._value_of, out, cut)
         for rows in acted.values():
             rows.flush()
-        return next_obs, episodes
+        return next_obs, episodes, steps
+
+    def _preempted(self, t: int) -> bool:
+        """Whether a rollout at step t stops here: enough other ranks have finished theirs, and it has its floor."""
+        return t >= self.cfg.preempt_after and self.finish_line.fraction_done() >= self.cfg.preempt_fraction
 
     @torch.inference_mode()
-    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, np.ndarray]:
-        """One rollout of num_steps x num_envs transitions into self.rollout; returns the episodes that ended.
-        (`progress`, the fraction of training done, is for algorithms with exploration schedules.)"""
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict:
+        """One rollout of num_steps x num_envs transitions into self.rollout (fewer steps when this rank is a
+        preempted straggler); returns the episodes that ended and the steps taken. (`progress`, the fraction of
+        training done, is for algorithms with exploration schedules.)"""
         r = self.rollout
         self.model.eval()  # acting; update() learns in train mode (as SB3 does: BatchNorm's statistics are kept)
         if self.recurrent:
             r.initial_state.copy_(self.state)
-        self.next_obs, episodes = self.collect_steps(envs, self.next_obs)
+        preempting = self.finish_line is not None
+        if preempting:
+            self.finish_line.start()
+        self.next_obs, episodes, n = self.collect_steps(envs, self.next_obs, self._preempted if preempting else None)
+        if preempting:
+            self.finish_line.finish()
+        self.length = n
         if self.ret_rms is not None:  # step by step, in order, as the envs returned them
             done = r.terminated_np | r.truncated_np
-            for t in range(self.cfg.num_steps):
+            for t in range(n):
                 r.rewards_np[t] = self._scale_rewards(r.rewards_np[t], done[t])
         if self.recurrent:  # whether next_obs starts an episode
-            self.starts.copy_(torch.as_tensor(r.terminated_np[-1] | r.truncated_np[-1]))
+            self.starts.copy_(torch.as_tensor(r.terminated_np[n - 1] | r.truncated_np[n - 1]))
             last_value = self._value_of(self.next_obs, slice(None), self.starts)
         else:
             last_value = self._value_of(self.next_obs, slice(None))
-        # Bootstrap from the next step's value except where the episode was truncated (set by observe_step).
-        following = torch.cat([r.values[1:], last_value.unsqueeze(0)])
-        r.next_values.copy_(torch.where(r.truncated.to(self.device), r.next_values, following))
-        return episodes_of(episodes)
+        # Bootstrap from the next step's value except where the episode was truncated (set by observe_step). A
+        # rollout cut short ends as any rollout does: at the value of the observation it stopped at.
+        following = torch.cat([r.values[1:n], last_value.unsqueeze(0)])
+        r.next_values[:n] = torch.where(r.truncated[:n].to(self.device), r.next_values[:n], following)
+        collected = episodes_of(episodes, n * self.num_envs)
+        return collected | {"preempted": n < self.cfg.num_steps} if preempting else collected
 
     def update(self, progress: float) -> dict[str, float]:
         """Epochs x minibatches of PPO on the last rollout. `progress` in [0, 1) is the fraction of training
         done, which sets the annealed learning rate."""
-        c, r = self.cfg, self.rollout
+        c, r, n = self.cfg, self.rollout, self.length
         self.model.train()
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        rewards, terminated, truncated = (x.to(self.device) for x in (r.rewards, r.terminated, r.truncated))
+        rewards, terminated, truncated = (x[:n].to(self.device) for x in (r.rewards, r.terminated, r.truncated))
         advantages, returns = compute_gae(
-            rewards, r.values, r.next_values, terminated, terminated | truncated, c.gamma, c.gae_lambda
+            rewards, r.values[:n], r.next_values[:n], terminated, terminated | truncated, c.gamma, c.gae_lambda
         )
         batch = {
-            "obs": r.obs,
-            "actions": r.actions,
-            "old_log_probs": r.log_probs,
+            "obs": r.obs[:n],
+            "actions": r.actions[:n],
+            "old_log_probs": r.log_probs[:n],
             "advantages": advantages,
             "returns": returns,
-            "old_values": r.values,
+            "old_values": r.values[:n],
         }
+        mean_all, weights = self.mean_all, self._sample_weights()
         totals = torch.zeros(len(STATS), device=self.device)
         count = 0
         for _epoch in range(c.update_epochs):
-            for minibatch in self._minibatches(batch):
+            for j, minibatch in enumerate(self._minibatches(batch)):
+                if weights is not None:  # ranks of unequal rollouts: every sample of every rank weighs alike
+                    mean_all = weighted_mean_all(self.mean_all, weights[j])
                 if c.norm_adv:  # per minibatch, over all ranks' minibatches
-                    minibatch["advantages"] = normalize_advantages(minibatch["advantages"], self.mean_all)
+                    minibatch["advantages"] = normalize_advantages(minibatch["advantages"], mean_all)
                 loss, stats = self.learner(**minibatch)
+                if weights is not None:  # DDP averages the ranks' gradients: this makes it the global mean's
+                    loss, stats = loss * weights[j], stats * weights[j]
                 self.optimizer.zero_grad()
                 loss.backward()
                 self.clip_grad_norm_(self.trained, c.max_grad_norm)
@@ -275,12 +300,29 @@ class PPO:
             if c.target_kl is not None and self.mean_all(stats[STATS.index("approx_kl")]) > c.target_kl:
                 break
         out = dict(zip(STATS, (totals / count).tolist()))
+        if weights is not None:  # over all ranks' samples
+            mean_all = weighted_mean_all(self.mean_all, weights[-1])
         out.update(
             learning_rate=lr,
-            explained_variance=explained_variance(r.values.flatten(), returns.flatten(), self.mean_all),
+            explained_variance=explained_variance(r.values[:n].flatten(), returns.flatten(), mean_all),
             epochs=float(_epoch + 1),
         )
         return out
+
+    def _sample_weights(self) -> list[float] | None:
+        """With preemption, each minibatch's weight on this rank: its size over the mean size of that minibatch
+        across ranks (1 when all are equal), then the same for the whole rollout; None without preemption, whose
+        rollouts are all full."""
+        if self.finish_line is None:
+            return None
+        c, n = self.cfg, self.length
+        if self.recurrent:  # num_envs / num_minibatches whole env sequences of n steps each
+            sizes = [n * (self.num_envs // c.num_minibatches)] * c.num_minibatches
+        else:
+            sizes = [s.stop - s.start for s in minibatch_slices(n * self.num_envs, c.num_minibatches)]
+        sizes.append(n * self.num_envs)
+        sizes = torch.tensor(sizes, dtype=torch.float64)
+        return (sizes / self.mean_all(sizes)).tolist()
 
     def _minibatches(self, batch: dict[str, Tensor]) -> Iterator[dict[str, Tensor]]:
         """One epoch's minibatches of the rollout `batch` ([T, N, ...] each). Feedforward: random single steps.
@@ -290,15 +332,15 @@ class PPO:
         if not self.recurrent:
             # One gather per tensor and epoch; the minibatches are then slices of it. The permutation comes from
             # the CPU generator (whose state checkpoints hold) and moves to the device.
-            perm = torch.cat(minibatch_indices(self.steps_per_collect, c.num_minibatches)).to(self.device)
+            perm = torch.randperm(self.length * self.num_envs).to(self.device)
             shuffled = {k: take_rows(v.flatten(0, 1), perm) for k, v in batch.items()}
-            size = self.steps_per_collect // c.num_minibatches
-            for start in range(0, self.steps_per_collect, size):
-                yield {k: v[start : start + size] for k, v in shuffled.items()}
+            for part in minibatch_slices(len(perm), c.num_minibatches):
+                yield {k: v[part] for k, v in shuffled.items()}
             return
+        starts = r.starts[: self.length]
         for idx in minibatch_indices(self.num_envs, c.num_minibatches):
             idx = idx.to(self.device)
-            yield {k: v[:, idx] for k, v in batch.items()} | {"state": r.initial_state[idx], "starts": r.starts[:, idx]}
+            yield {k: v[:, idx] for k, v in batch.items()} | {"state": r.initial_state[idx], "starts": starts[:, idx]}
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:

@@ -19,11 +19,13 @@ Wrap = Callable[[nn.Module, list[nn.Parameter]], nn.Module]
 Episodes = tuple[np.ndarray, np.ndarray]  # (returns [k], lengths [k]) of the episodes that ended
 
 
-def episodes_of(parts: Sequence[Episodes]) -> dict[str, np.ndarray]:
-    """The episodes of a collect, as it returns them: {"episode_returns": [k], "episode_lengths": [k]}."""
+def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict:
+    """What a collect returns: the episodes that ended, {"episode_returns": [k], "episode_lengths": [k]}, and the
+    env steps it took ("env_steps", this rank's)."""
     return {
         "episode_returns": np.concatenate([p[0] for p in parts] or [np.zeros(0)]).astype(np.float64),
         "episode_lengths": np.concatenate([p[1] for p in parts] or [np.zeros(0, dtype=np.int64)]).astype(np.int64),
+        "env_steps": env_steps,
     }
 
 
@@ -37,13 +39,23 @@ class EnvSpec:
     frame_stack: int = 1  # frames stacked along an observation's first axis (stored once by a replay)
 
 
+class FinishLine(Protocol):
+    """Where ranks say their rollout is done, and see how many are (rlrun.distributed.FinishLine)."""
+
+    def start(self) -> None: ...  # a rollout starts on this rank
+    def fraction_done(self) -> float: ...  # of all ranks, cheap enough to ask between env steps
+    def finish(self) -> None: ...  # this rank's rollout is done
+
+
 @dataclass(frozen=True)
 class Reductions:
     """How an algorithm reaches the other ranks, without knowing them: `mean_all` averages a tensor over ranks,
-    `shards` is this rank's place among the replay shards. One process: identities."""
+    `shards` is this rank's place among the replay shards, `finish_line` tells which ranks have finished a rollout
+    (straggler preemption). One process: identities, and no finish line."""
 
     mean_all: MeanAll = identity
     shards: Shards = field(default=ONE_SHARD)
+    finish_line: FinishLine | None = None
 
 
 class VectorEnv(Protocol):
@@ -78,7 +90,8 @@ class Algorithm(Protocol):
     # wrap(learner, the parameters its optimizer trains).
     def wrap_learner(self, wrap: Wrap) -> None: ...
     def start(self, obs: np.ndarray) -> None: ...  # the observations (after a reset) collecting starts from
-    def collect(self, envs: VectorEnv, progress: float) -> dict[str, np.ndarray]: ...
+    # The episodes that ended and the env steps taken (episodes_of); "preempted" too when rollouts can be cut short.
+    def collect(self, envs: VectorEnv, progress: float) -> dict: ...
     def update(self, progress: float) -> dict[str, float]: ...
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray: ...
     def state_dict(self) -> dict: ...  # shared by every rank

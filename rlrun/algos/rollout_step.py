@@ -57,21 +57,27 @@ def step_groups(
     act: Callable[[np.ndarray, int, slice], np.ndarray],
     value_of: ValueOf,
     out: Any,
-) -> tuple[np.ndarray, list[Episodes]]:
-    """num_steps rollout steps of the vector env `envs` from its observations `obs` [N, ...], in its groups of envs
-    (one, or two when it double-buffers: a group steps while the policy acts for the next). `act(obs of a group,
+    cut: Callable[[int], bool] | None = None,
+) -> tuple[np.ndarray, list[Episodes], int]:
+    """Up to num_steps rollout steps of the vector env `envs` from its observations `obs` [N, ...], in its groups of
+    envs (one, or two when it double-buffers: a group steps while the policy acts for the next). `act(obs of a group,
     t, its envs)` returns the actions to send (and stores what it keeps); observe_step stores what the envs return
-    in `out`. Returns the observations after the last step, in env order, and the episodes that ended."""
+    in `out`. `cut(t)`, asked before each step t > 0, ends the rollout after t steps when true (a preempted
+    straggler). Returns the observations after the last step, in env order, the episodes that ended and the number
+    of steps taken."""
     groups, episodes = envs.groups, []
     obs = [obs[g] for g in groups]
     for t in range(num_steps + 1):
+        last = t == num_steps or (t > 0 and cut is not None and cut(t))
         for i, g in enumerate(groups):
             if t > 0:
                 obs[i], ended = observe_step(value_of, envs.recv(i), t - 1, g, out)
                 episodes.append(ended)
-            if t < num_steps:
+            if not last:
                 envs.send(i, act(obs[i], t, g))
-    return np.concatenate(obs), episodes
+        if last:
+            break
+    return np.concatenate(obs), episodes, t
 
 
 class StepRows:
@@ -92,5 +98,5 @@ class StepRows:
 
     def flush(self) -> None:
         for (start, stop), values in self.rows.items():
-            self.target[:, start:stop] = torch.stack(values)
+            self.target[: len(values), start:stop] = torch.stack(values)  # a rollout cut short fills fewer steps
         self.rows.clear()

@@ -48,6 +48,14 @@ def minibatch_indices(batch_size: int, num_minibatches: int) -> list[Tensor]:
     return list(torch.randperm(batch_size).chunk(num_minibatches))
 
 
+def minibatch_slices(batch_size: int, num_minibatches: int) -> list[slice]:
+    """range(batch_size) cut into num_minibatches consecutive parts, as equal as can be (the first ones one longer):
+    a rollout cut short need not divide evenly, and every rank must still take num_minibatches steps."""
+    size, longer = divmod(batch_size, num_minibatches)
+    bounds = [i * size + min(i, longer) for i in range(num_minibatches + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
     """x[index] along the first dim, as a copy of whole rows (index_select: several times faster than x[index]
     for frames). Channels-last frames [B, C, H, W] are gathered as the NHWC rows they are in memory and stay

@@ -90,9 +90,11 @@ def _accelerate_continuous(algo: ContinuousControl) -> list[str]:
 def _workers_can_act(algo: PPO, envs: VectorEnv) -> bool:
     """algo.act_in_workers, on a worker pool that is not double-buffering (then the rank acts for one half while
     the other steps), for a feedforward CPU policy without observation normalization (whose statistics move
-    every step, in the rank) and without buffers (the workers' copies see the parameters only)."""
+    every step, in the rank) and without buffers (the workers' copies see the parameters only), and without
+    straggler preemption (the workers run a rollout through without hearing from the rank, which cuts it)."""
     return (
         algo.cfg.act_in_workers
+        and algo.cfg.preempt_fraction is None
         and isinstance(envs, WorkerPool)
         and len(envs.groups) == 1
         and type(algo.model) is ActorCritic  # the workers build their copies of rlrun's own networks

@@ -39,10 +39,13 @@ class WorkerActing:
         self.shared = {name: torch.from_numpy(a) for name, a in pool.share(specs).items()}
         pool.run("building the policy", _build_policy, algo.model_spec)
 
-    def collect_steps(self, envs: WorkerPool, obs: np.ndarray) -> tuple[np.ndarray, list[Episodes]]:
+    def collect_steps(
+        self, envs: WorkerPool, obs: np.ndarray, cut: None = None
+    ) -> tuple[np.ndarray, list[Episodes], int]:
         """PPO.collect_steps in the workers: the rollout from `obs` with the policy's current weights into
         algo.rollout (next_values holding V of the final observation where truncated). Returns the observations
-        after it and the episodes that ended, in (step, env) order as the rank's loop lists them."""
+        after it, the episodes that ended, in (step, env) order as the rank's loop lists them, and num_steps (a
+        rollout here is never cut short: accelerate does not choose this with preemption)."""
         if envs is not self.pool:
             raise ValueError("worker acting runs on the worker pool it was set up for")
         s, r, model = self.shared, self.algo.rollout, self.algo.model
@@ -55,7 +58,7 @@ class WorkerActing:
         for name in _WRITTEN:
             torch.as_tensor(getattr(r, name)).copy_(s[name])
         episodes = [worker[t] for t in range(num_steps) for worker in per_worker]  # workers hold ascending envs
-        return self.pool.buffers["obs"].copy(), episodes
+        return self.pool.buffers["obs"].copy(), episodes, num_steps
 
 
 def _build_policy(w: WorkerContext, spec: tuple) -> None:
