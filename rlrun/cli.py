@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -65,17 +67,21 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
 def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
     from rlrun.config.preflight import job_threads, train_config
     from rlrun.config.store import to_yaml
-    from rlrun.distributed import from_env, launched_externally
-    from rlrun.launch import launch
+    from rlrun.distributed import from_env, launched_externally, requeue_count
+    from rlrun.launch import launch, setup_rank_logging
     from rlrun.train import train
 
-    typed, state = train_config(cfg, overrides)
+    typed, state = train_config(cfg, overrides, run_dir, requeued=requeue_count() > 0)
     typed = job_threads(typed, OmegaConf.select(hc.launcher, "n_jobs", default=None))
     config_yaml = to_yaml(replace(typed, resume=None))
     d = typed.distributed
-    if d.nproc_per_node * d.nnodes > 1 and not launched_externally():
+    external = launched_externally()
+    if d.nproc_per_node * d.nnodes > 1 and not external:
         return launch(typed, run_dir, config_yaml, typed.resume, overrides)
-    return train(typed, run_dir, from_env(typed.device), config_yaml, state, tuple(overrides))
+    ctx = from_env(typed.device)
+    if external:  # a task of a SLURM job, say, in the Hydra job that every task runs: only rank 0 writes
+        setup_rank_logging(ctx.rank, run_dir)
+    return train(typed, run_dir, ctx, config_yaml, state, tuple(overrides))
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")
@@ -102,6 +108,10 @@ def train_app(cfg: DictConfig) -> float | None:
     if summary is None:  # a node without rank 0
         return None
     if summary["status"] == "interrupted":
+        if summary["signal"] in (signal.SIGUSR1, signal.SIGUSR2):
+            # A scheduler's warning (SLURM's --signal, submitit's preemption): the checkpoint is written, now the
+            # handler that was there before training runs (submitit's requeues the job).
+            os.kill(os.getpid(), summary["signal"])
         sys.exit(128 + summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
 

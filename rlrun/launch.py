@@ -94,7 +94,8 @@ def _die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
-def _setup_logging(rank: int, run_dir: Path) -> None:
+def setup_rank_logging(rank: int, run_dir: Path) -> None:
+    """Rank 0 logs to the console and train.log; the others print warnings only and write no file."""
     root = logging.getLogger()
     if rank != 0:  # other ranks write no files and print only warnings
         for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
@@ -110,7 +111,8 @@ def _setup_logging(rank: int, run_dir: Path) -> None:
 def rank_main(config_yaml: str, run_dir: str, resume: str | None, overrides: list[str]) -> dict:
     """One rank, started by the elastic agent (fork or spawn): everything it needs comes in its arguments."""
     from rlrun.checkpoint import load_checkpoint
-    from rlrun.distributed import from_env
+    from rlrun.distributed import from_env, restart_count
+    from rlrun.run_folder import list_checkpoints
     from rlrun.train import train
 
     _die_with_launcher()
@@ -119,7 +121,12 @@ def rank_main(config_yaml: str, run_dir: str, resume: str | None, overrides: lis
     os.setpgrp()
     cfg = from_yaml(config_yaml)
     ctx = from_env(cfg.device)
-    _setup_logging(ctx.rank, Path(run_dir))
+    setup_rank_logging(ctx.rank, Path(run_dir))
+    if restart_count() > 0:  # torch elastic restarted the job after a failure: continue from its newest checkpoint
+        found = list_checkpoints(Path(run_dir) / "checkpoints")
+        resume = str(found[-1]) if found else resume
+        start = f"resuming from {resume}" if resume else "from the start"
+        log.info("restart %d of the job: %s", restart_count(), start)
     state = load_checkpoint(resume) if resume else None
     summary = train(cfg, Path(run_dir), ctx, config_yaml, state, tuple(overrides))
     if summary["status"] == "interrupted":

@@ -28,7 +28,7 @@ from rlrun.checkpoint import (
     set_rng_state,
 )
 from rlrun.config import ModelConfig, TrainConfig, convolutional
-from rlrun.distributed import RankContext, is_peer_loss, parameter_digest
+from rlrun.distributed import RankContext, is_peer_loss, parameter_digest, requeue_count, restart_count
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
 from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
@@ -37,14 +37,16 @@ from rlrun.run_folder import list_checkpoints, run_dir_of
 
 
 class StopSignal:
-    """SIGINT/SIGTERM ask the loop to stop at the next iteration boundary, where state is consistent and a
-    final checkpoint can be written; a second signal interrupts at once."""
+    """SIGINT/SIGTERM, and SIGUSR1/SIGUSR2 (a scheduler's warning before it preempts the job or its time runs
+    out), ask the loop to stop at the next iteration boundary, where state is consistent and a final checkpoint
+    can be written; a second signal interrupts at once. restore() puts back the handlers there were before."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous = {}
         if threading.current_thread() is threading.main_thread():  # not so in some sweep launchers' workers
-            self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+            signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+            self._previous = {s: signal.signal(s, self._handle) for s in signals}
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum is not None:
@@ -332,6 +334,8 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         "overrides": list(overrides),
         "resumed_from": resume_state["path"] if resume_state else None,
         "world_size": ctx.world_size,
+        "restarts": restart_count(),  # torch elastic's, after failures (distributed.max_restarts)
+        "requeues": requeue_count(),  # SLURM's, after preemptions or time limits
         "threads": torch.get_num_threads(),
         "episodes": episodes_log.total,
         "episodes_per_rank": ctx.all_gather(episodes_log.own_total),

@@ -121,7 +121,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads per rank; 0: 1 for mlp, else cores / ranks on the node
     torch_deterministic: bool = True
-    resume: str | None = None  # a checkpoint file or a run folder
+    # A checkpoint file or a run folder; auto: this run folder's newest checkpoint if it has one, else a fresh start
+    # (what a requeued or restarted job runs with).
+    resume: str | None = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
@@ -30,8 +31,17 @@ def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict
     return typed, state
 
 
-def train_config(cfg: DictConfig, overrides: list[str]) -> tuple[TrainConfig, dict | None]:
+def train_config(
+    cfg: DictConfig, overrides: list[str], run_dir: Path, requeued: bool = False
+) -> tuple[TrainConfig, dict | None]:
+    """The typed config the run in `run_dir` trains with, and the checkpoint it resumes from (or None). With
+    resume=auto, and always for a job the scheduler requeued, that is the run folder's newest checkpoint if any."""
     typed: TrainConfig = OmegaConf.to_object(cfg)
+    if typed.resume == "auto" or requeued:
+        from rlrun.run_folder import list_checkpoints
+
+        found = list_checkpoints(run_dir / "checkpoints")
+        typed = replace(typed, resume=str(found[-1]) if found else None if typed.resume == "auto" else typed.resume)
     if typed.resume is not None:
         return resumed_config(typed.resume, overrides)
     validate_train(typed)
@@ -132,7 +142,7 @@ def preflight(command: str, args: list[str]) -> list[str]:
 def _preflight_train(typed: TrainConfig) -> None:
     from rlrun.envs import check_action_space, check_env_id, env_spaces, import_env_modules
 
-    if typed.resume is None:
+    if typed.resume in (None, "auto"):  # auto: the command line's config is checked (its checkpoint's, when found)
         validate_train(typed)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
@@ -153,7 +163,7 @@ def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
     was. Resuming from an older one starts a new run folder (which records where it came from): continuing in
     the old one would leave the abandoned later checkpoints there, which outrank the new ones by step."""
     resume = [o for o in parse_overrides(overrides) if o.key_or_group == "resume"]
-    if not resume or resume[0].value() is None:
+    if not resume or resume[0].value() in (None, "auto"):  # auto is resolved in the run folder Hydra makes
         return args
     from rlrun.run_folder import is_newest, resolve_checkpoint, run_dir_of
 
