@@ -237,6 +237,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     if resume_state is not None:
         env_steps, iteration = resume_state["env_steps"], resume_state["iteration"]
         _restore(resume_state, cfg, ctx, algo, envs, episodes_log)
+        logger.info("resumed from %s at %d env steps", resume_state["path"], env_steps)
 
     def save() -> Path | None:
         # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes, except a

@@ -92,6 +92,7 @@ def test_a_warned_job_checkpoints_is_requeued_and_finishes_where_it_stopped(slur
     assert summary["status"] == "completed" and summary["requeues"] == 1, out[-3000:]
     assert summary["env_steps"] == total and len(set(summary["parameter_digests"])) == 1
     assert "/checkpoints/ckpt_" in summary["resumed_from"]
-    assert "Requeued job" in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "Requeued job" in log and f"resumed from {summary['resumed_from']}" in log
     steps = [m["env_steps"] for m in read_jsonl(run / "metrics.jsonl") if "charts/iteration" in m]
     assert steps == list(range(2048, total + 1, 2048))  # no step lost or logged twice across the requeue
