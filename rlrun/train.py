@@ -193,9 +193,12 @@ def train(
     checkpointer = (
         Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
-    stop = StopSignal()
+    stop: StopSignal | None = None
     try:
         ctx.init()
+        # Only now: a rank still forming the group (waiting on a peer that may be gone) must die of the SIGTERM its
+        # dying launcher sends it, not turn it into a stop flag that no loop reads until the group's timeout.
+        stop = StopSignal()
         parts = (envs, evaluator, logger, checkpointer, stop)
         return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, *parts)
     except Exception as e:
@@ -203,7 +206,8 @@ def train(
         logger.failed(f"{type(e).__name__}: {e}", list(overrides), resume)  # a sweep's report reads why
         raise
     finally:
-        stop.restore()
+        if stop is not None:
+            stop.restore()
         logger.close()
         envs.close()
         evaluator.close()

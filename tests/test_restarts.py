@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import children, cli_env, read_jsonl, rlrun
+from tests.conftest import children, cli_env, free_port, read_jsonl, rlrun
 
 pytestmark = [pytest.mark.slow]
 QUICK = ["logging.progress=plain", "eval.every_steps=0", "eval.episodes=2", "eval.num_envs=2"]
@@ -65,3 +65,27 @@ def test_an_elastic_restart_after_a_killed_rank_resumes_from_the_newest_checkpoi
     assert "restart 1 of the job: resuming from" in (run / "train.log").read_text()
     # Every iteration logged once: the restarted run dropped what it had logged past its checkpoint and went on.
     assert _iteration_steps(run) == list(range(512, 40960 + 1, 512))
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_a_rank_waiting_for_a_missing_peer_dies_of_sigterm(tmp_path):
+    """A rank still forming the process group (here rank 0 of 2, whose peer never comes) ends on SIGTERM, which is
+    what it gets when its launcher dies, instead of waiting out the group's 30-minute timeout."""
+    env = cli_env() | {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cmd = [sys.executable, "-m", "rlrun", "train", *QUICK, f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / "train.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)  # past the env set-up, into the rendezvous
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM
