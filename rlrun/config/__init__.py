@@ -4,6 +4,7 @@ yaml files only override. rlrun.config.store registers them with Hydra."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,15 @@ CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")  # the yaml of the 
 
 @dataclass
 class VectorConfig:
-    backend: str = "sync"  # sync: in the rank's process | subproc: forked worker processes
-    num_workers: int = 0  # subproc: worker processes (0: one per core, at most num_envs)
-    # subproc: half the envs step while the rank acts for the other half (for PPO, instead of act_in_workers)
+    backend: str = "sync"  # sync: in the rank's process | subproc: forked worker processes | ray: Ray actors
+    # subproc: worker processes (0: one per core); ray: actors (0: one per CPU of the cluster); at most num_envs
+    num_workers: int = 0
+    # subproc, ray: half the envs step while the rank acts for the other half (for PPO, instead of act_in_workers)
     double_buffer: bool = False
-    step_timeout_s: float = 60.0  # subproc: a worker slower than this is reported, not waited on
+    step_timeout_s: float = 60.0  # subproc, ray: a worker slower than this is reported, not waited on
+    # ray: the cluster to use (auto, or host:port); unset: each rank starts a local Ray for its run and stops it
+    ray_address: str | None = None
+    ray_cpus_per_worker: float = 1.0  # ray: CPUs each actor reserves (its envs step one after the other)
 
 
 @dataclass
@@ -158,11 +163,14 @@ def validate_train(cfg: TrainConfig) -> None:
     )
     _validate_model(cfg.model)
     v = cfg.env.vector
-    check(v.backend in ("sync", "subproc"), f"env.vector.backend={v.backend}: accepted are sync, subproc")
+    check(v.backend in ("sync", "subproc", "ray"), f"env.vector.backend={v.backend}: accepted are sync, subproc, ray")
     check(v.num_workers >= 0, f"env.vector.num_workers={v.num_workers}: must be >= 0 (0 = one per core)")
     check(v.step_timeout_s > 0, f"env.vector.step_timeout_s={v.step_timeout_s}: must be > 0")
+    check(v.ray_cpus_per_worker >= 0, f"env.vector.ray_cpus_per_worker={v.ray_cpus_per_worker}: must be >= 0")
+    if v.backend == "ray":
+        check(importlib.util.find_spec("ray") is not None, "env.vector.backend=ray needs Ray: pip install 'rlrun[ray]'")
     if v.double_buffer:
-        check(v.backend == "subproc", "env.vector.double_buffer=true needs env.vector.backend=subproc")
+        check(v.backend != "sync", "env.vector.double_buffer=true needs env.vector.backend=subproc or ray")
         check(
             v.num_workers != 1 and cfg.env.num_envs >= 2,
             "env.vector.double_buffer=true needs at least 2 workers and 2 envs",

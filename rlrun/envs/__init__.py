@@ -23,6 +23,7 @@ log = logging.getLogger("rlrun")
 
 if TYPE_CHECKING:
     from rlrun.envs.pool import WorkerPool
+    from rlrun.envs.ray_envs import RayEnvs
     from rlrun.envs.sync import SyncEnvs
 
 
@@ -178,8 +179,9 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
     return thunk
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEnvs | WorkerPool:
-    """`num_envs` copies of the configured env, in-process (backend sync) or in forked workers (subproc).
+def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEnvs | WorkerPool | RayEnvs:
+    """`num_envs` copies of the configured env, in-process (backend sync), in forked workers (subproc) or in Ray
+    actors (ray).
     Autoreset happens in the same step (the final observation of a finished episode is in
     info["final_obs"]), so every transition in a rollout is a real one."""
     from rlrun.envs.pool import WorkerPool
@@ -189,11 +191,15 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEn
     check_env_id(cfg.id)
     fns = [make_env(cfg, train) for _ in range(num_envs)]
     v = cfg.vector
+    groups = 2 if v.double_buffer and train else 1
+    role = "env worker" if train else "eval env worker"
     try:
+        if v.backend == "ray":
+            from rlrun.envs.ray_envs import RayEnvs
+
+            return RayEnvs(cfg, num_envs, train, groups, role, lazy=not train)
         if v.backend == "subproc":
-            groups = 2 if v.double_buffer and train else 1
             workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
-            role = "env worker" if train else "eval env worker"
             return WorkerPool(fns, workers, v.step_timeout_s, groups, role, lazy=not train)
         return SyncEnvs(fns)
     except (gym.error.Error, TypeError) as e:

@@ -12,12 +12,13 @@ from rlrun.algos.ppo import PPO
 from rlrun.algos.protocol import Algorithm, VectorEnv
 from rlrun.algos.sac import SAC
 from rlrun.envs.pool import WorkerPool
+from rlrun.envs.ray_envs import RayEnvs
 from rlrun.fast.channels_last import ChannelsLast
 from rlrun.fast.flat_adam import FlatAdam
 from rlrun.fast.fused_a2c import FusedA2CUnroll
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.numpy_policy import NumpyPolicy
-from rlrun.fast.worker_acting import WorkerActing
+from rlrun.fast.worker_acting import RayActing, WorkerActing
 from rlrun.models import ActorCritic, trainable
 from rlrun.models.encoders import NatureCNN
 
@@ -56,8 +57,9 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
         applied.append("numpy acting")
     if isinstance(algo, PPO) and _workers_can_act(algo, envs):
         # Each env worker runs its envs' rollout with a copy of the policy: one command per rollout instead of a
-        # round trip per step, acting on every core beside the envs.
-        algo.collect_steps = WorkerActing(algo, envs).collect_steps
+        # round trip per step, acting on every core beside the envs. Over Ray that round trip is milliseconds.
+        acting = RayActing(algo, envs) if isinstance(envs, RayEnvs) else WorkerActing(algo, envs)
+        algo.collect_steps = acting.collect_steps
         applied.append("acting in env workers")
     return applied
 
@@ -88,14 +90,14 @@ def _accelerate_continuous(algo: ContinuousControl) -> list[str]:
 
 
 def _workers_can_act(algo: PPO, envs: VectorEnv) -> bool:
-    """algo.act_in_workers, on a worker pool that is not double-buffering (then the rank acts for one half while
+    """algo.act_in_workers, on a worker pool or Ray actors not double-buffering (then the rank acts for one half while
     the other steps), for a feedforward CPU policy without observation normalization (whose statistics move
     every step, in the rank) and without buffers (the workers' copies see the parameters only), and without
     straggler preemption (the workers run a rollout through without hearing from the rank, which cuts it)."""
     return (
         algo.cfg.act_in_workers
         and algo.cfg.preempt_fraction is None
-        and isinstance(envs, WorkerPool)
+        and isinstance(envs, (WorkerPool, RayEnvs))
         and len(envs.groups) == 1
         and type(algo.model) is ActorCritic  # the workers build their copies of rlrun's own networks
         and not algo.cfg.normalize_obs

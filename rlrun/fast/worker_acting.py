@@ -1,8 +1,9 @@
-"""PPO's collect steps run inside the env workers: each forked worker acts for its own envs with a copy of the
-policy and runs the rollout step (rlrun/algos/rollout_step.py) on its rows of arrays shared with
-the rank. A rollout then costs the rank one command instead of a round trip per step, and acting runs on every
-core beside the envs. The rank keeps what makes a run reproducible: it copies the weights in before each
-rollout and draws the sampling noise from its own RNG stream, which its checkpoints hold. A drop-in for
+"""PPO's collect steps run inside the env workers: each forked worker (or Ray actor) acts for its own envs with a
+copy of the policy and runs the rollout step (rlrun/algos/rollout_step.py) on its rows of the rollout: arrays shared
+with the rank, or for a Ray actor its own, returned as one object. A rollout then costs the rank one command per
+worker instead of a round trip per step, and acting runs on every core beside the envs. The rank keeps what makes a
+run reproducible: it hands the weights over before each rollout and draws the sampling noise from its own RNG
+stream, which its checkpoints hold; the same seed gives the same rollout on either backend. A drop-in for
 PPO.collect_steps."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rlrun.algos.ppo import PPO
 from rlrun.algos.protocol import Episodes
 from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, observe_step
 from rlrun.envs.pool import WorkerContext, WorkerPool
+from rlrun.envs.ray_envs import RayEnvs
 from rlrun.envs.sync import step_results
 from rlrun.fast.flat_adam import flat_views
 from rlrun.models import ActorCritic, build_actor_critic
@@ -51,14 +53,66 @@ class WorkerActing:
         s, r, model = self.shared, self.algo.rollout, self.algo.model
         s["weights"].copy_(nn.utils.parameters_to_vector(model.parameters()))
         num_steps, num_envs = r.values.shape
-        noise = torch.empty(s["noise"].shape)
-        s["noise"].copy_(noise.exponential_() if model.discrete else noise.normal_())  # as the samplers draw it
+        s["noise"].copy_(_noise(model, s["noise"].shape))
         self.pool.buffers["obs"][:] = obs
         per_worker = self.pool.run("rollout", _rollout_in_worker, num_steps)
         for name in _WRITTEN:
             torch.as_tensor(getattr(r, name)).copy_(s[name])
         episodes = [worker[t] for t in range(num_steps) for worker in per_worker]  # workers hold ascending envs
         return self.pool.buffers["obs"].copy(), episodes, num_steps
+
+
+class RayActing:
+    """WorkerActing over Ray actors: each actor runs its envs' segment of the rollout with its copy of the policy,
+    whose weights reach it through Ray's object store once per rollout, and returns its rows as one object."""
+
+    def __init__(self, algo: PPO, envs: RayEnvs):
+        self.algo, self.envs = algo, envs
+        r, model = algo.rollout, algo.model
+        specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _WRITTEN}
+        specs["noise"] = ((*r.values.shape, model.policy_head.out_features), np.float32)
+        size = sum(p.numel() for p in model.parameters())
+        envs.run("building the policy", _set_up_segments, lambda _: (algo.model_spec, specs, size))
+
+    def collect_steps(self, envs: RayEnvs, obs: np.ndarray, cut: None = None) -> tuple[np.ndarray, list[Episodes], int]:
+        """WorkerActing.collect_steps, each actor's rows of the rollout coming back as one object."""
+        if envs is not self.envs:
+            raise ValueError("acting in Ray actors runs on the actors it was set up for")
+        r, model = self.algo.rollout, self.algo.model
+        num_steps, num_envs = r.values.shape
+        weights = envs.ray.put(nn.utils.parameters_to_vector(model.parameters()).detach().numpy())
+        noise = _noise(model, (num_steps, num_envs, model.policy_head.out_features)).numpy()
+        per_actor = envs.run("rollout", _segment, lambda sl: (weights, noise[:, sl], obs[sl], num_steps))
+        for (arrays, _, _), sl in zip(per_actor, envs.slices):
+            for name in _WRITTEN:  # Ray's arrays are read-only views of its object store: copied in numpy
+                np.asarray(torch.as_tensor(getattr(r, name)))[:, sl] = arrays[name]
+        episodes = [actor[1][t] for t in range(num_steps) for actor in per_actor]  # actors hold ascending envs
+        return np.concatenate([last for _, _, last in per_actor]), episodes, num_steps
+
+
+def _noise(model: ActorCritic, shape: tuple[int, ...]) -> Tensor:
+    """The sampling noise of a rollout, from the rank's RNG stream, as the samplers draw it."""
+    noise = torch.empty(shape)
+    return noise.exponential_() if model.discrete else noise.normal_()
+
+
+def _set_up_segments(w: WorkerContext, model_spec: tuple, specs: dict, size: int) -> None:
+    """In a Ray actor: its rows of the rollout arrays ([T, N, ...] in `specs`), the weights, the policy over them."""
+    torch.set_num_threads(1)
+    k = w.rows.stop - w.rows.start
+    w.shared.update({name: np.zeros((shape[0], k, *shape[2:]), dtype) for name, (shape, dtype) in specs.items()})
+    w.shared["weights"] = np.zeros(size, np.float32)
+    _build_policy(w, model_spec)
+
+
+def _segment(w: WorkerContext, weights: np.ndarray, noise: np.ndarray, obs: np.ndarray, num_steps: int) -> tuple:
+    """In a Ray actor: its segment of the rollout from `obs`, acted with `weights`; (its rows of the arrays the
+    rollout step wrote, the episodes that ended at each step, the observations after it)."""
+    w.shared["weights"][:] = weights
+    w.shared["noise"][:] = noise
+    w.buffers["obs"][:] = obs
+    episodes = _rollout_in_worker(w, num_steps)
+    return {name: w.shared[name] for name in _WRITTEN}, episodes, w.buffers["obs"].copy()
 
 
 def _build_policy(w: WorkerContext, spec: tuple) -> None:
