@@ -152,12 +152,18 @@ def _torchrun_args(args: list[str]) -> list[str]:
 def _report(args: list[str]) -> None:
     import argparse
 
-    from rlrun.report import report
+    from rlrun.report import METRICS, X_AXES, report
 
     parser = argparse.ArgumentParser(prog="rlrun report", description=COMMANDS["report"])
-    parser.add_argument("path", type=Path, help="a multirun folder, or any folder holding run folders")
+    parser.error = lambda message: fail(f"report: {message}")  # one line, as for every bad input
+    parser.add_argument("paths", type=Path, nargs="+", metavar="PATH", help="multirun folders or folders of runs")
+    parser.add_argument("--metric", choices=METRICS, default="eval", help="final eval return or training episodes")
+    parser.add_argument("--x", choices=X_AXES, default="steps", help="curves over env steps or wall seconds")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="two group labels (as in the table) or folders")
+    parser.add_argument("--out", type=Path, help="where report.md and the PNGs go (default: PATH, or . for several)")
+    parsed = parser.parse_args(args)
     with user_errors():
-        report(parser.parse_args(args).path)
+        report(parsed.paths, parsed.metric, parsed.x, parsed.compare, parsed.out)
 
 
 def main(argv: list[str] | None = None) -> None:

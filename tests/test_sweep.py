@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rlrun.report import find_runs, group_runs, interquartile_mean, plot_curves
+from rlrun.report import curves_figure, find_runs, group_runs
 from tests.conftest import rlrun
 
 SHORT = ["total_steps=2048", "eval.episodes=2", "eval.num_envs=2", "eval.every_steps=1024", "logging.progress=none"]
@@ -41,12 +41,6 @@ def summaries(sweep: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/summary.json")}
 
 
-def test_interquartile_mean_drops_the_outer_quarters():
-    assert interquartile_mean(np.array([7, 1, 100, 2, 3, 4, 5, 6.0])) == 4.5  # mean of 3, 4, 5, 6
-    assert interquartile_mean(np.array([1.0, 2.0, 9.0])) == 4.0  # fewer than 4: all of them
-    assert np.isnan(interquartile_mean(np.array([])))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sweep_then_report_matches_the_runs_own_summaries(tmp_path):
@@ -57,20 +51,21 @@ def test_sweep_then_report_matches_the_runs_own_summaries(tmp_path):
     out = rlrun("report", str(sweep), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "algo.lr=0.001" in out.stdout and "algo.lr=0.0003" in out.stdout
-    groups = {g.name: g.row() for g in group_runs(find_runs(sweep))}
+    groups = {g.label: g.row("eval") for g in group_runs(find_runs([sweep]))}
     assert set(groups) == {"algo.lr=0.001", "algo.lr=0.0003"}
     for name, row in groups.items():
         lr = name.split("=")[1]
         finals = [s["eval_return_mean"] for s in runs.values() if f"algo.lr={lr}" in s["overrides"]]
-        assert row["runs"] == 2 and row["failed"] == 0
-        assert row["mean"] == pytest.approx(np.mean(finals)) and row["std"] == pytest.approx(np.std(finals))
+        assert row["env"] == "CartPole-v1" and row["runs"] == 2 and row["failed"] == 0
+        assert row["mean"] == pytest.approx(np.mean(finals)) and row["median"] == pytest.approx(np.median(finals))
         assert row["best"] == max(finals) and row["iqm"] == pytest.approx(np.mean(finals))
+        assert min(finals) <= row["ci_low"] <= row["ci_high"] <= max(finals)
     markdown = (sweep / "report.md").read_text()
     assert "| algo.lr=0.001 | 2 | 0 |" in markdown
     png = (sweep / "learning_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
-    _, labels = plot_curves(tmp_path, group_runs(find_runs(sweep)))
-    assert sorted(labels) == ["algo.lr=0.0003", "algo.lr=0.001"]
+    (ax,) = curves_figure(group_runs(find_runs([sweep])), "eval").axes
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["algo.lr=0.0003 (n=2)", "algo.lr=0.001 (n=2)"]
 
 
 @pytest.mark.slow
@@ -81,9 +76,8 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     runs = summaries(sweep)
     assert runs["0"]["status"] == "failed" and "fragile env broke" in runs["0"]["error"]
     assert runs["1"]["status"] == "completed"
-    rows = {g.name: g.row() for g in group_runs(find_runs(sweep))}
-    assert rows["env.id=Fragile-v0"]["failed"] == 1 and rows["env.id=CartPole-v1"]["failed"] == 0
-    assert list(rows)[0] == "env.id=CartPole-v1"  # groups with a score come first
+    rows = {g.env_id: g.row("eval") for g in group_runs(find_runs([sweep]))}  # one group per env
+    assert rows["Fragile-v0"]["failed"] == 1 and rows["CartPole-v1"]["failed"] == 0
 
 
 @pytest.mark.slow
@@ -136,7 +130,8 @@ def test_report_bad_input(tmp_path):
 
 @pytest.mark.slow  # `rlrun report` in a real process
 def test_report_on_a_sweep_still_running(tmp_path):
-    """A job without a summary yet counts as running; its partial learning curve is drawn."""
+    """A job without a summary yet counts as running; its partial learning curve is drawn while no run of its
+    group has completed."""
     done, running = tmp_path / "0", tmp_path / "1"
     for folder, lr in ((done, "0.1"), (running, "0.2")):
         (folder / ".hydra").mkdir(parents=True)
@@ -155,11 +150,14 @@ def test_report_on_a_sweep_still_running(tmp_path):
             }
         )
     )
-    runs = {r.path.name: r for r in find_runs(tmp_path)}
+    runs = {r.path.name: r for r in find_runs([tmp_path])}
     assert runs["0"].status == "completed" and runs["1"].status == "running"
-    assert runs["1"].curve[0].tolist() == [100.0, 200.0, 300.0]
-    rows = {g.name: g.row() for g in group_runs(list(runs.values()))}
+    assert runs["1"].curve("train", "steps")[0].tolist() == [100.0, 200.0, 300.0]
+    rows = {g.label: g.row("eval") for g in group_runs(list(runs.values()))}
     assert rows["algo.lr=0.1"]["mean"] == 3.0 and rows["algo.lr=0.2"]["runs"] == 1
-    assert rows["algo.lr=0.2"]["failed"] == 0
-    _, labels = plot_curves(tmp_path, group_runs(list(runs.values())))
-    assert sorted(labels) == ["algo.lr=0.1", "algo.lr=0.2"]
+    assert rows["algo.lr=0.2"]["failed"] == 0 and rows["algo.lr=0.2"]["scored"] == 0
+    (ax,) = curves_figure(group_runs(list(runs.values())), "train").axes
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["algo.lr=0.1 (n=1)", "algo.lr=0.2 (n=1)"]
+    out = rlrun("report", str(tmp_path), "--metric", "train", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "1 of 2 runs still running" in out.stdout
