@@ -185,7 +185,7 @@ def train(
         torch.backends.cudnn.benchmark = False
     # Env workers fork here, before the process group starts gloo's threads and before any threaded torch
     # op (and TensorBoard's writer thread): a fork after those can hang the child.
-    envs = make_vector_env(cfg.env, cfg.env.num_envs, train=True)
+    envs = make_vector_env(cfg.env, cfg.env.num_envs, True, env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))
     # What only the main rank does is decided here, once, by which objects it gets.
     evaluator = Evaluator(cfg, ctx.device) if ctx.is_main else NullEvaluator()
     start_steps = resume_state["env_steps"] if resume_state else 0

@@ -105,6 +105,30 @@ def test_env_state_round_trip_continues_exactly(cfg, tmp_path):
     fresh.close()
 
 
+@pytest.mark.parametrize("sticky", [0.0, 0.25])
+def test_envs_made_with_their_first_seed_roll_out_as_envs_reset_with_it(sticky):
+    # ALE games take the seed while they are made and skip the second ROM load at that reset: the same game,
+    # sticky-action draws and noop starts as a plain env seeded at reset; a reset with another seed reseeds.
+    cfg = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig(repeat_action_probability=sticky), max_episode_steps=100)
+    actions = [np.array([a, b]) for a, b in np.random.default_rng(5).integers(4, size=(150, 2))]  # with autoresets
+
+    def rollout(made_with: list[int] | None, reset_with: list[int]) -> list[np.ndarray]:
+        envs = make_vector_env(cfg, 2, seeds=made_with)
+        try:
+            first = envs.reset(seed=reset_with)[0]
+            return [first] + [np.concatenate([o.ravel(), r, te | tr]) for o, r, te, tr in _roll(envs, actions)]
+        finally:
+            envs.close()
+
+    def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    plain = rollout(None, [11, 12])
+    assert same(rollout([11, 12], [11, 12]), plain)
+    assert same(rollout([11, 12], [21, 22]), rollout(None, [21, 22]))
+    assert not same(rollout(None, [21, 22]), plain)  # the seed matters, or the above would prove nothing
+
+
 def test_unknown_env_id_names_close_matches():
     with pytest.raises(UserError, match="did you mean CartPole-v1"):
         make_vector_env(EnvConfig(id="CartPol-v1"), 1)

@@ -107,3 +107,23 @@ def test_hydra_argument_parser_and_override_parser_as_rlrun_reads_them():
             "2",
         ]
     )
+
+
+def test_hydra_composes_from_the_live_config_store_not_a_copy_per_composition():
+    # Each composition wraps the config repository in a caching one, which deep-copies it; Hydra 1.3's structured
+    # source held the ConfigStore, so every copy copied every schema (rlrun/config/hydra_compat.py).
+    from hydra._internal.config_repository import CachingConfigRepository, ConfigRepository
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    from hydra.core.config_store import ConfigStore
+
+    from rlrun.config.hydra_compat import StructuredConfigSource
+
+    path = ConfigSearchPathImpl()
+    path.append("schema", "structured://")
+    (source,) = CachingConfigRepository(ConfigRepository(path)).delegate.sources
+    assert isinstance(source, StructuredConfigSource) and source.store is ConfigStore.instance()
+    ConfigStore.instance().store(name="registered_after_the_copy", node={"x": 1})
+    try:
+        assert source.load_config("registered_after_the_copy").config == {"x": 1}
+    finally:
+        del ConfigStore.instance().repo["registered_after_the_copy.yaml"]

@@ -1,5 +1,6 @@
 """What rlrun takes from Hydra beyond its documented API, in one place: the argument parser of a Hydra app, the
-parsed form of overrides, and the text of composition errors, turned into one line for the user.
+parsed form of overrides, the text of composition errors, turned into one line for the user, and a fix of Hydra
+1.3's config sources that makes composing cheap.
 tests/test_hydra_compat.py fails loudly when a Hydra release changes any of it."""
 
 from __future__ import annotations
@@ -7,6 +8,11 @@ from __future__ import annotations
 import argparse
 import difflib
 
+from hydra._internal.core_plugins.structured_config_source import (
+    StructuredConfigSource as HydrasStructuredConfigSource,
+)
+from hydra._internal.sources_registry import SourcesRegistry
+from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
@@ -27,6 +33,20 @@ def runs_nothing(args: list[str]) -> bool:
     """Whether a Hydra app's command line only prints (--help, --hydra-help, --cfg, --info, shell completion)."""
     parsed = args_parser().parse_args(args)
     return bool(parsed.help or parsed.hydra_help or parsed.cfg or parsed.info or parsed.shell_completion)
+
+
+class StructuredConfigSource(HydrasStructuredConfigSource):
+    """Hydra 1.3's `structured://` config source keeps the ConfigStore as an attribute, and every composition, and
+    every config group `--help` lists (80 of them), deep-copies the source with it: all of rlrun's schemas, 70% of
+    `rlrun train --help`. Hydra's main branch reads the store live instead (facebookresearch/hydra#2928, not in a
+    1.3 release), as this one does. Same class name, so Hydra's plugin scan keeps it; at module level, so Hydra's
+    launchers can pickle the registry holding it."""
+
+    store = property(lambda self: ConfigStore.instance(), lambda self, value: None)
+
+
+def read_config_store_live() -> None:
+    SourcesRegistry.instance().types[StructuredConfigSource.scheme()] = StructuredConfigSource
 
 
 def parse_overrides(overrides: list[str]) -> list[Override]:

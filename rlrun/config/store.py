@@ -11,12 +11,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
 from rlrun.config import PlayConfig, TrainConfig
+from rlrun.config.hydra_compat import read_config_store_live
 from rlrun.errors import UserError
 
 GROUPS = ("algo", "env", "model", "tuned")  # the config groups (conf/<group>/): a resumed run keeps its choices
 
 
 def register_configs() -> None:
+    read_config_store_live()
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="play_schema", node=PlayConfig)

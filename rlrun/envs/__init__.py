@@ -133,8 +133,12 @@ class ClipToBounds(gym.ActionWrapper):
         return np.clip(action, self.action_space.low, self.action_space.high)
 
 
-def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Callable[[], gym.Env]:
+def make_env(
+    cfg: EnvConfig, train: bool, render_mode: str | None = None, seed: int | None = None
+) -> Callable[[], gym.Env]:
     """A thunk building one env. `train` turns on the training-only Atari wrappers (life loss, reward clip).
+    `seed`, when known, is the seed of the env's first reset: ALE games take it while they are made, so that reset
+    need not load the game a second time (rlrun/envs/atari_seeded.py).
 
     RecordEpisodeStatistics sits below them, so logged returns are raw game scores over whole games. For ALE
     games the time limit (env.max_episode_steps, in agent steps) sits on the preprocessing, which makes each
@@ -156,8 +160,10 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
                 gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **kwargs)
             )
         else:
+            from rlrun.envs.atari_seeded import seeded_spec
+
             env = gym.wrappers.AtariPreprocessing(
-                gym.make(cfg.id, **kwargs),
+                gym.make(cfg.id if seed is None else seeded_spec(cfg.id, seed), **kwargs),
                 noop_max=atari.noop_max,
                 frame_skip=atari.frame_skip,
                 screen_size=atari.screen_size,
@@ -179,9 +185,11 @@ def make_env(cfg: EnvConfig, train: bool, render_mode: str | None = None) -> Cal
     return thunk
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEnvs | WorkerPool | RayEnvs:
+def make_vector_env(
+    cfg: EnvConfig, num_envs: int, train: bool = True, seeds: list[int] | None = None
+) -> SyncEnvs | WorkerPool | RayEnvs:
     """`num_envs` copies of the configured env, in-process (backend sync), in forked workers (subproc) or in Ray
-    actors (ray).
+    actors (ray). `seeds`: those of the first reset, when known (make_env says why).
     Autoreset happens in the same step (the final observation of a finished episode is in
     info["final_obs"]), so every transition in a rollout is a real one."""
     from rlrun.envs.pool import WorkerPool
@@ -189,7 +197,7 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEn
 
     import_env_modules(cfg.imports)
     check_env_id(cfg.id)
-    fns = [make_env(cfg, train) for _ in range(num_envs)]
+    fns = [make_env(cfg, train, seed=s) for s in seeds or [None] * num_envs]
     v = cfg.vector
     groups = 2 if v.double_buffer and train else 1
     role = "env worker" if train else "eval env worker"
@@ -197,7 +205,7 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, train: bool = True) -> SyncEn
         if v.backend == "ray":
             from rlrun.envs.ray_envs import RayEnvs
 
-            return RayEnvs(cfg, num_envs, train, groups, role, lazy=not train)
+            return RayEnvs(cfg, num_envs, train, groups, role, lazy=not train, seeds=seeds)
         if v.backend == "subproc":
             workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
             return WorkerPool(fns, workers, v.step_timeout_s, groups, role, lazy=not train)

@@ -33,12 +33,12 @@ log = logging.getLogger("rlrun")
 
 
 class EnvActor:
-    """Ray's side: hosts the envs `offset..offset + count - 1` of a rank's vector env, built here from the config
-    (its env.imports imported first, as the rank did, in the rank's working directory if this node has it), and
-    steps them or runs jobs on them on command. Answers ("ok", result) or ("error", (env index or None,
-    traceback)), as a pool worker does."""
+    """Ray's side: hosts the envs `offset..offset + len(seeds) - 1` of a rank's vector env, built here from the
+    config (its env.imports imported first, as the rank did, in the rank's working directory if this node has it)
+    with the seeds of their first reset (or Nones), and steps them or runs jobs on them on command. Answers ("ok",
+    result) or ("error", (env index or None, traceback)), as a pool worker does."""
 
-    def __init__(self, cfg: EnvConfig, train: bool, offset: int, count: int, lazy: bool, cwd: str):
+    def __init__(self, cfg: EnvConfig, train: bool, offset: int, seeds: list[int | None], lazy: bool, cwd: str):
         os.environ["OMP_NUM_THREADS"] = "1"  # stepping envs has no use for more; acting a few envs neither
         from rlrun.envs import check_env_id, import_env_modules, make_env
 
@@ -47,7 +47,8 @@ class EnvActor:
             sys.path.append(cwd)
         import_env_modules(cfg.imports)
         check_env_id(cfg.id)
-        self.fns = [make_env(cfg, train) for _ in range(count)]
+        self.fns = [make_env(cfg, train, seed=s) for s in seeds]
+        count = len(seeds)
         self.offset, self.lazy = offset, lazy
         probe = self.fns[0]()
         self.buffers = env_buffers(count, probe.observation_space, probe.action_space)
@@ -143,8 +144,10 @@ class RayEnvs:
         groups: int = 1,
         role: str = "env worker",
         lazy: bool = False,
+        seeds: list[int] | None = None,
     ):
         v = cfg.vector
+        seeds = seeds or [None] * num_envs
         ray = self.ray = _start_ray(v.ray_address, v.num_workers or num_envs)
         self.own_ray = _own_ray["started"]
         _own_ray["open"] += self.own_ray
@@ -164,7 +167,7 @@ class RayEnvs:
         # Eval actors reserve no CPU: they step only between training's rollouts, when its actors are idle.
         remote = remote.options(num_cpus=v.ray_cpus_per_worker if train else 0, scheduling_strategy="SPREAD")
         cwd = os.getcwd()
-        self.actors = [remote.remote(cfg, train, sl.start, sl.stop - sl.start, lazy, cwd) for sl in self.slices]
+        self.actors = [remote.remote(cfg, train, sl.start, seeds[sl], lazy, cwd) for sl in self.slices]
         self.nodes = self._placed()
         where = "a local Ray" if self.own_ray else f"the Ray cluster at {v.ray_address}"
         nodes = len({node for node, _ in self.nodes})

@@ -117,10 +117,12 @@ def _segment(w: WorkerContext, weights: np.ndarray, noise: np.ndarray, obs: np.n
 
 def _build_policy(w: WorkerContext, spec: tuple) -> None:
     """In a worker: its copy of the policy, whose parameters are views of the shared weights."""
-    model = w.memory["policy"] = build_actor_critic(*spec)
-    params = list(model.parameters())
-    for p, view in zip(params, flat_views(torch.from_numpy(w.shared["weights"]), params)):
-        p.data = view
+    with torch.device("meta"):  # no weights drawn (orthogonal init is a QR per layer) for the views to replace
+        model = build_actor_critic(*spec)
+    params = dict(model.named_parameters())
+    views = flat_views(torch.from_numpy(w.shared["weights"]), list(params.values()))
+    model.load_state_dict(dict(zip(params, views)), assign=True)  # ActorCritic has no buffers
+    w.memory["policy"] = model
 
 
 def _act_with_noise(model: ActorCritic, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -68,18 +68,14 @@ class NatureCNN(nn.Module):
 
     def __init__(self, in_channels: int, hidden: int, screen_size: int = 84):
         super().__init__()
-        self.conv = nn.Sequential(
-            layer_init(nn.Conv2d(in_channels, 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            n = self.conv(torch.zeros(1, in_channels, screen_size, screen_size)).shape[1]
-        self.fc = nn.Sequential(layer_init(nn.Linear(n, hidden)), nn.ReLU())
+        layers, channels, size = [], in_channels, screen_size
+        for out_channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            layers += [layer_init(nn.Conv2d(channels, out_channels, kernel, stride=stride)), nn.ReLU()]
+            channels, size = out_channels, (size - kernel) // stride + 1  # no padding
+        self.conv = nn.Sequential(*layers, nn.Flatten())
+        # The feature size by arithmetic, not a probe forward: env workers build this on the meta device, where a
+        # convolution runs a Python kernel that imports sympy (a second).
+        self.fc = nn.Sequential(layer_init(nn.Linear(channels * size * size, hidden)), nn.ReLU())
 
     def forward(self, x: Tensor) -> Tensor:
         # Scaling to [0, 1] is folded into the first layer's weights: one op on a small tensor instead of one
