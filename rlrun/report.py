@@ -185,8 +185,9 @@ def group_runs(runs: list[Run], metric: str = "eval") -> list[Group]:
     ordered = []
     for env_id in sorted({env for env, _ in groups}):
         members = [g for (env, _), g in groups.items() if env == env_id]
+        shared = shared_overrides(list(groups.values()), env_id)
         for g in members:
-            g.label = " ".join(sorted(g.overrides - shared_overrides(list(groups.values()), env_id))) or DEFAULTS
+            g.label = " ".join(sorted(g.overrides - shared)) or DEFAULTS
         iqm = {id(g): interquartile_mean(g.scores(metric)) for g in members}
         ordered += sorted(members, key=lambda g: -iqm[id(g)] if not math.isnan(iqm[id(g)]) else math.inf)
     return ordered

@@ -185,6 +185,16 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+def split_envs(num_envs: int, num_workers: int, groups: int) -> tuple[list[slice], list[list[int]], list[slice]]:
+    """Contiguous, near-equal slices of the envs per worker; the workers of each group (consecutive); each group's
+    envs. A vector env's layout, whatever process or actor hosts the workers."""
+    bounds = np.linspace(0, num_envs, num_workers + 1).astype(int)
+    slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    cut = np.linspace(0, num_workers, groups + 1).astype(int)
+    group_workers = [list(range(cut[g], cut[g + 1])) for g in range(groups)]
+    return slices, group_workers, [slice(slices[w[0]].start, slices[w[-1]].stop) for w in group_workers]
+
+
 class WorkerPool:
     """`num_workers` forked processes hosting len(env_fns) envs, contiguous slices per worker.
 
@@ -220,11 +230,7 @@ class WorkerPool:
         self.timeout = step_timeout_s
         self.buffers = env_buffers(self.num_envs, self.single_observation_space, self.single_action_space, _shared)
         self.beats = _shared((num_workers,), np.int64)
-        bounds = np.linspace(0, self.num_envs, num_workers + 1).astype(int)
-        self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        cut = np.linspace(0, num_workers, groups + 1).astype(int)
-        self.group_workers = [list(range(cut[g], cut[g + 1])) for g in range(groups)]
-        self.groups = [slice(self.slices[w[0]].start, self.slices[w[-1]].stop) for w in self.group_workers]
+        self.slices, self.group_workers, self.groups = split_envs(self.num_envs, num_workers, groups)
         self.conns: list[mp.connection.Connection] = []
         self.procs: list[mp.Process] = []
         self.num_workers = len(self.slices)

@@ -23,7 +23,7 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from rlrun.config import EnvConfig
-from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerContext
+from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerContext, split_envs
 from rlrun.envs.sync import batch_infos, env_buffers, run_command
 from rlrun.errors import UserError
 
@@ -155,13 +155,8 @@ class RayEnvs:
         self.num_envs, self.role, self.timeout = num_envs, role, v.step_timeout_s
         cpus = ray.cluster_resources().get("CPU", 1)
         num_workers = min(v.num_workers or max(1, int(cpus // v.ray_cpus_per_worker)), num_envs)
-        num_workers = max(num_workers, groups)
-        bounds = np.linspace(0, num_envs, num_workers + 1).astype(int)
-        self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        self.slices, self.group_workers, self.groups = split_envs(num_envs, max(num_workers, groups), groups)
         self.num_workers = len(self.slices)
-        cut = np.linspace(0, num_workers, groups + 1).astype(int)
-        self.group_workers = [list(range(cut[g], cut[g + 1])) for g in range(groups)]
-        self.groups = [slice(self.slices[w[0]].start, self.slices[w[-1]].stop) for w in self.group_workers]
         # A second thread answers `where` and `progress` while a job runs; envs stay on the first.
         remote = ray.remote(concurrency_groups={"probe": 1})(EnvActor)
         # Eval actors reserve no CPU: they step only between training's rollouts, when its actors are idle.

@@ -33,12 +33,7 @@ class WorkerActing:
 
     def __init__(self, algo: PPO, pool: WorkerPool):
         self.algo, self.pool = algo, pool
-        r = algo.rollout
-        num_steps, num_envs = r.values.shape
-        specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _WRITTEN}
-        specs["noise"] = ((num_steps, num_envs, algo.model.policy_head.out_features), np.float32)
-        specs["weights"] = ((sum(p.numel() for p in algo.model.parameters()),), np.float32)
-        self.shared = {name: torch.from_numpy(a) for name, a in pool.share(specs).items()}
+        self.shared = {name: torch.from_numpy(a) for name, a in pool.share(_specs(algo)).items()}
         pool.run("building the policy", _build_policy, algo.model_spec)
 
     def collect_steps(
@@ -68,11 +63,7 @@ class RayActing:
 
     def __init__(self, algo: PPO, envs: RayEnvs):
         self.algo, self.envs = algo, envs
-        r, model = algo.rollout, algo.model
-        specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _WRITTEN}
-        specs["noise"] = ((*r.values.shape, model.policy_head.out_features), np.float32)
-        size = sum(p.numel() for p in model.parameters())
-        envs.run("building the policy", _set_up_segments, lambda _: (algo.model_spec, specs, size))
+        envs.run("building the policy", _set_up_segments, lambda _: (algo.model_spec, _specs(algo)))
 
     def collect_steps(self, envs: RayEnvs, obs: np.ndarray, cut: None = None) -> tuple[np.ndarray, list[Episodes], int]:
         """WorkerActing.collect_steps, each actor's rows of the rollout coming back as one object."""
@@ -96,12 +87,13 @@ def _noise(model: ActorCritic, shape: tuple[int, ...]) -> Tensor:
     return noise.exponential_() if model.discrete else noise.normal_()
 
 
-def _set_up_segments(w: WorkerContext, model_spec: tuple, specs: dict, size: int) -> None:
-    """In a Ray actor: its rows of the rollout arrays ([T, N, ...] in `specs`), the weights, the policy over them."""
+def _set_up_segments(w: WorkerContext, model_spec: tuple, specs: dict) -> None:
+    """In a Ray actor: its rows of the rollout arrays and noise ([T, N, ...] in `specs`), the weights, the policy
+    over them."""
     torch.set_num_threads(1)
     k = w.rows.stop - w.rows.start
-    w.shared.update({name: np.zeros((shape[0], k, *shape[2:]), dtype) for name, (shape, dtype) in specs.items()})
-    w.shared["weights"] = np.zeros(size, np.float32)
+    for name, (shape, dtype) in specs.items():
+        w.shared[name] = np.zeros(shape if name == "weights" else (shape[0], k, *shape[2:]), dtype)
     _build_policy(w, model_spec)
 
 
@@ -160,6 +152,16 @@ def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[Episodes]:
         obs, ended = observe_step(value_of, step_results(w.buffers, w.rows, infos), t, envs, out)
         episodes.append(ended)
     return episodes
+
+
+def _specs(algo: PPO) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of what a worker shares with the rank: the rollout arrays the rollout step writes and the
+    sampling noise, [T, N, ...], and the policy's weights, flat."""
+    r, model = algo.rollout, algo.model
+    specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _WRITTEN}
+    specs["noise"] = ((*r.values.shape, model.policy_head.out_features), np.float32)
+    specs["weights"] = ((sum(p.numel() for p in model.parameters()),), np.float32)
+    return specs
 
 
 def _spec(t: Tensor) -> tuple[tuple[int, ...], np.dtype]:
