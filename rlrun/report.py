@@ -509,6 +509,10 @@ def report(
         raise UserError(f"report: --metric is one of {', '.join(METRICS)} and --x one of {', '.join(X_AXES)}")
     out = out or (roots[0] if len(roots) == 1 else Path.cwd())
     runs = find_runs(roots)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"report: cannot write the report into {out}: {e.strerror}") from e
     groups = group_runs(runs, metric)
     rows = [g.row(metric) for g in groups]
     console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole labels

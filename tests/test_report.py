@@ -221,9 +221,10 @@ def test_report_of_several_folders_and_wall_time(tmp_path, capsys):
     write_run(tmp_path / "a" / "0", "CartPole-v1", ["algo.lr=0.1"], 1, [1.0, 2.0])
     write_run(tmp_path / "b" / "0", "CartPole-v1", ["algo.lr=0.2"], 1, [3.0, 4.0])
     write_run(tmp_path / "b" / "1", "CartPole-v1", ["algo.lr=0.2"], 2, [3.0], status="running")
-    main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--x", "wall", "--out", str(tmp_path)])
+    main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--x", "wall", "--out", str(tmp_path / "new" / "out")])
     out = capsys.readouterr().out
     assert "algo.lr=0.1" in out and "algo.lr=0.2" in out and "1 of 3 runs still running" in out
+    assert (tmp_path / "new" / "out" / "report.md").exists()  # --out is made when missing
     fig = curves_figure(group_runs(find_runs([tmp_path])), "eval", x="wall")
     assert max(fig.axes[0].lines[0].get_xdata()) == 40.0  # 20000 env steps in 40 s
 
@@ -235,6 +236,7 @@ def test_report_of_several_folders_and_wall_time(tmp_path, capsys):
         (["."], "report: no runs under"),
         (["run", "--metric", "loss"], "report: argument --metric: invalid choice: 'loss'"),
         (["run", "--compare", "algo.lr=0.3", "algo.lr=0.1"], "report: --compare: no group or folder 'algo.lr=0.3'"),
+        (["run", "--out", "run/0/summary.json/x"], "report: cannot write the report into run/0/summary.json/x"),
     ],
 )
 def test_bad_input_ends_with_one_line(tmp_path, monkeypatch, capsys, args, message):
