@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from rlrun.errors import UserError
+from rlrun.errors import NonFiniteError, UserError
 from rlrun.run_folder import checkpoint_name, list_checkpoints, resolve_checkpoint
 
 FORMAT_VERSION = 3  # 3: optimizer state in torch.optim.Adam's format; 2: FlatAdam's flat buffers (upgraded on load)
@@ -25,6 +25,10 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def save(self, state: dict, env_steps: int) -> Path:
+        if not all_finite(state["algo"]):  # a checkpoint is what a run continues from: never one that cannot train
+            raise NonFiniteError(
+                f"refusing to save a checkpoint at {env_steps:,} env steps: it holds non-finite values"
+            )
         path = self.directory / checkpoint_name(env_steps)
         _save_atomic({"rlrun_format": FORMAT_VERSION, "env_steps": env_steps, **state}, path)
         for old in list_checkpoints(self.directory)[: -self.keep_last]:
@@ -32,15 +36,30 @@ class Checkpointer:
         return path
 
 
+def all_finite(state) -> bool:
+    """Whether every floating-point tensor in `state` (nested dicts and lists) is free of NaN and infinity."""
+    if isinstance(state, torch.Tensor):
+        return not state.is_floating_point() or bool(torch.isfinite(state).all())
+    if isinstance(state, dict):
+        return all(all_finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(all_finite(v) for v in state)
+    return True
+
+
 def _save_atomic(obj: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     # Write-then-rename: a crash mid-write leaves the previous checkpoints intact and no torn file.
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a failed write (a full disk) or a second Ctrl-C mid-write: no partial file stays
+        tmp.unlink(missing_ok=True)
+        raise
     # The rename lives in the directory: without syncing it, a power loss can undo it.
     directory = os.open(path.parent, os.O_RDONLY)
     try:

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, validate_play
-from rlrun.errors import UserError
+from rlrun.errors import NonFiniteError, UserError
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -55,6 +55,8 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
     """(message, exit code) for errors rlrun explains itself; None for a bug, which keeps its traceback."""
     if isinstance(e, UserError):  # before the imports below, which bring torch: a typo's line stays quick
         return str(e), 2
+    if isinstance(e, NonFiniteError):
+        return str(e), 1
     from rlrun.envs.pool import EnvWorkerError
     from rlrun.launch import failed_ranks
 
@@ -190,7 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     if command == "train" and not runs_nothing(args):  # printing a config needs no run folder (nor torch)
         args = _torchrun_args(args)
     sys.argv = [f"rlrun {command}", *args]
-    APPS[command]()
+    try:
+        APPS[command]()
+    except KeyboardInterrupt:  # Ctrl-C before training took over the signals (start-up), or a second one in play
+        fail("interrupted", 128 + signal.SIGINT)
 
 
 if __name__ == "__main__":

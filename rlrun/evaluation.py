@@ -12,6 +12,7 @@ from rlrun.algos.protocol import Algorithm
 from rlrun.checkpoint import rng_devices
 from rlrun.config import TrainConfig
 from rlrun.envs import env_seeds, finished_episodes, make_vector_env
+from rlrun.errors import NonFiniteError
 
 
 def run_episodes(
@@ -19,9 +20,11 @@ def run_episodes(
     act: Callable[[np.ndarray, np.ndarray], np.ndarray],
     episodes: int,
     seeds: list[int],
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(returns, lengths) of `episodes` episodes. Env i plays episodes i, i+N, ... so the set of episodes
-    does not depend on which ones finish first (no bias towards short episodes).
+    does not depend on which ones finish first (no bias towards short episodes). `should_stop`, asked once per
+    vector step, ends the episodes early when true (a signal): then only the episodes finished by then, in order.
 
     `act(obs [N, ...], starts [N] bool) -> actions [N]`; starts marks the envs whose episode begins with this
     observation (all of them at first), for a policy with memory to reset; a stateless one ignores it.
@@ -32,13 +35,19 @@ def run_episodes(
     obs, _ = envs.reset(seed=seeds)
     starts = np.ones(n, dtype=bool)
     while any(len(r) < w for r, w in zip(results, wanted)):
+        if should_stop is not None and should_stop():
+            break
         obs, _, terminated, truncated, info = envs.step(act(obs, starts))
         starts = terminated | truncated  # SAME_STEP autoreset: obs already starts the next episode
         ended, returns, lengths = finished_episodes(info, n)
         for i in np.flatnonzero(ended):
             if len(results[i]) < wanted[i]:
                 results[i].append((float(returns[i]), int(lengths[i])))
-    ordered = [results[i % n][i // n] for i in range(episodes)]
+    ordered = []
+    for i in range(episodes):  # stopped early: the episodes before the first one not finished
+        if len(results[i % n]) <= i // n:
+            break
+        ordered.append(results[i % n][i // n])
     return np.array([r for r, _ in ordered]), np.array([length for _, length in ordered])
 
 
@@ -50,12 +59,15 @@ class Evaluator:
         self.cfg, self.device = cfg, device
         self.envs = make_vector_env(cfg.env, min(cfg.eval.num_envs, cfg.eval.episodes), train=False)
 
-    def __call__(self, algo: Algorithm) -> np.ndarray:
-        """The returns of the episodes, in a fixed order."""
+    def __call__(self, algo: Algorithm, should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+        """The returns of the episodes, in a fixed order (fewer when `should_stop` ended them early)."""
         with torch.random.fork_rng(devices=rng_devices(self.device)):
             seeds = env_seeds(self.cfg.seed, 0, self.envs.num_envs, stream=1)
             act = lambda o, starts: algo.act(o, self.cfg.eval.deterministic, starts)  # noqa: E731
-            return run_episodes(self.envs, act, self.cfg.eval.episodes, seeds)[0]
+            try:
+                return run_episodes(self.envs, act, self.cfg.eval.episodes, seeds, should_stop)[0]
+            except NonFiniteError as e:
+                raise NonFiniteError(f"eval {e}; env.check_finite=false accepts it") from None
 
     def check_alive(self) -> None:
         """A dead eval worker is reported at the iteration it died in, not at the next evaluation (maybe hours
@@ -69,7 +81,7 @@ class Evaluator:
 class NullEvaluator:
     """The other ranks': they evaluate nothing."""
 
-    def __call__(self, algo: Algorithm) -> None:
+    def __call__(self, algo: Algorithm, should_stop: Callable[[], bool] | None = None) -> None:
         return None
 
     def check_alive(self) -> None: ...

@@ -3,12 +3,14 @@ collect -> update -> log -> evaluate -> save until total_steps, and write the su
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -30,19 +32,31 @@ from rlrun.checkpoint import (
 from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext, is_peer_loss, parameter_digest, requeue_count, restart_count
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
+from rlrun.errors import NonFiniteError
 from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import list_checkpoints, run_dir_of
 
 
+class StopNow(KeyboardInterrupt):
+    """A second signal: stop at once, wherever the run is (the summary is still written)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 class StopSignal:
     """SIGINT/SIGTERM, and SIGUSR1/SIGUSR2 (a scheduler's warning before it preempts the job or its time runs
     out), ask the loop to stop at the next iteration boundary, where state is consistent and a final checkpoint
-    can be written; a second signal interrupts at once. restore() puts back the handlers there were before."""
+    can be written (an evaluation under way ends early; a checkpoint being written is finished first); a second
+    signal raises StopNow wherever the run is. restore() puts back the handlers there were before. `announce`: say
+    what the first signal does (the main rank)."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool) -> None:
         self.signum: int | None = None
+        self.announce = announce
         self._previous = {}
         if threading.current_thread() is threading.main_thread():  # not so in some sweep launchers' workers
             signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -50,8 +64,15 @@ class StopSignal:
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum is not None:
-            raise KeyboardInterrupt
+            raise StopNow(self.signum)
         self.signum = signum
+        if self.announce:  # os.write: a handler may run while the main thread is inside a buffered stream's write
+            name = signal.Signals(signum).name
+            line = f"\nrlrun: {name}: stopping at the end of this step with a checkpoint; Ctrl-C again to stop now\n"
+            os.write(2, line.encode())
+
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def restore(self) -> None:
         for s, handler in self._previous.items():
@@ -198,12 +219,17 @@ def train(
         ctx.init()
         # Only now: a rank still forming the group (waiting on a peer that may be gone) must die of the SIGTERM its
         # dying launcher sends it, not turn it into a stop flag that no loop reads until the group's timeout.
-        stop = StopSignal()
+        stop = StopSignal(announce=ctx.is_main)
         parts = (envs, evaluator, logger, checkpointer, stop)
         return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, *parts)
+    except StopNow as e:  # a second signal: no final checkpoint, but the record of why and how to continue
+        resume = _resume_line(run_dir)
+        summary = {"status": "interrupted", "signal": e.signum, "stopped": "at once (a second signal)"}
+        logger.summary(summary | {"overrides": list(overrides)} | ({"resume": resume} if resume else {}))
+        logger.error("stopped at once by a second signal%s", f"; continue with: {resume}" if resume else "")
+        return summary
     except Exception as e:
-        resume = f"rlrun train resume={run_dir}" if list_checkpoints(run_dir / "checkpoints") else None
-        logger.failed(f"{type(e).__name__}: {e}", list(overrides), resume)  # a sweep's report reads why
+        logger.failed(f"{type(e).__name__}: {e}", list(overrides), _resume_line(run_dir))  # a sweep's report reads why
         raise
     finally:
         if stop is not None:
@@ -279,13 +305,16 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     try:
         while env_steps < final_steps:
             torch.set_num_threads(collect_threads)
-            collected = algo.collect(envs, env_steps / cfg.total_steps)
+            with _nonfinite_context(f"in the iteration from env step {env_steps:,} on rank {ctx.rank}"):
+                collected = algo.collect(envs, env_steps / cfg.total_steps)
             torch.set_num_threads(threads)
             evaluator.check_alive()
             recovery.updating = True
-            stats = algo.update(progress=env_steps / cfg.total_steps)
+            with _nonfinite_context(f"in iteration {iteration + 1} (from env step {env_steps:,})"):
+                stats = algo.update(progress=env_steps / cfg.total_steps)
+                require_finite_stats(stats, cfg.algo.name)
             recovery.updating = False
-            stopping, steps = rollouts.gather(stop.signum is not None, collected)
+            stopping, steps = rollouts.gather(stop.requested(), collected)
             before, env_steps, iteration = env_steps, env_steps + steps, iteration + 1
             episodes_log.add(collected["episode_returns"], collected["episode_lengths"])
             recent.extend(collected["episode_returns"].tolist())
@@ -300,7 +329,8 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
                     **episodes_log.metrics(),
                     **(rollouts.metrics() if rollouts.seen else {}),
                 }
-                evaluated = _log_interval(logger, env_steps, metrics, evaluator(algo) if eval_now else None)
+                evaluated = evaluator(algo, stop.requested) if eval_now else None
+                evaluated = _log_interval(logger, env_steps, metrics, None if stop.requested() else evaluated)
                 eval_returns = eval_returns if evaluated is None else evaluated
             if crossed(before, env_steps, cfg.checkpoint.every_steps) and not last:
                 save()
@@ -309,11 +339,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
                 stopped = int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
                 break
         loop_seconds = time.perf_counter() - start_time
-        interrupted = stopped is not None  # on every rank alike
         final = save()  # before the final evaluation, which may fail
         recovery.saved_at = env_steps
         final_metrics = episodes_log.metrics()
-        evaluated = evaluator(algo) if not interrupted else None
+        evaluated, stopped = _final_evaluation(evaluator, algo, stop, stopped)
+        interrupted = stopped is not None
         if evaluated is not None:
             eval_returns = evaluated
             final_metrics |= _eval_metrics(eval_returns)
@@ -336,6 +366,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         "sps": round((env_steps - start_steps) / loop_seconds, 1) if loop_seconds > 0 else None,
         **_eval_summary(eval_returns),
         "final_checkpoint": str(final) if final else None,
+        **({"resume": _resume_line(run_dir)} if interrupted else {}),
         "overrides": list(overrides),
         "resumed_from": resume_state["path"] if resume_state else None,
         "world_size": ctx.world_size,
@@ -349,6 +380,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     }
     if interrupted:
         logger.info("stopped by signal %d at %d env steps; checkpoint %s", stopped, env_steps, final)
+        logger.info("continue with: %s", _resume_line(run_dir))
     else:
         logger.info(
             "done: %d env steps in %.1f s (%.0f sps); eval return %s",
@@ -359,6 +391,15 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         )
     logger.summary(summary)
     return summary
+
+
+def _final_evaluation(evaluator, algo, stop: StopSignal, stopped: int | None) -> tuple[np.ndarray | None, int | None]:
+    """The final evaluation's returns, and the signal the run stops for: the loop's, or one that came during the
+    evaluation (on the main rank, which evaluates), which ends it early and counts as an interruption."""
+    if stopped is not None:
+        return None, stopped
+    returns = evaluator(algo, stop.requested)
+    return (None, stop.signum) if stop.requested() else (returns, None)
 
 
 class Recovery:
@@ -376,7 +417,8 @@ class Recovery:
         self.updating = False
 
     def write(self, error: Exception, algo, iteration: int, env_steps: int) -> None:
-        whole = not self.updating or is_peer_loss(error)
+        # A non-finite loss or gradient stopped the update before its optimizer stepped: what it leaves is finite.
+        whole = not self.updating or is_peer_loss(error) or isinstance(error, NonFiniteError)
         if whole and iteration > self.start_iteration and self.saved_at != env_steps:
             state = {"config": self.config_yaml, "iteration": iteration, "algo": algo.state_dict(), "ranks": []}
             path = self.checkpointer.save(state | {"recovery": True}, env_steps)
@@ -385,6 +427,29 @@ class Recovery:
                 self.logger.error("recovery checkpoint at %d env steps: %s", env_steps, path)
         if self.saved_at is not None:
             self.logger.error("continue this run with: rlrun train resume=%s", self.run_dir)
+
+
+def _resume_line(run_dir: Path) -> str | None:
+    """The command that continues the run in `run_dir`, when it has a checkpoint to continue from."""
+    return f"rlrun train resume={run_dir}" if list_checkpoints(run_dir / "checkpoints") else None
+
+
+@contextlib.contextmanager
+def _nonfinite_context(where: str) -> Iterator[None]:
+    """A NonFiniteError raised inside, with `where` added to its message (an env or an algorithm knows what was not
+    finite; the loop knows when)."""
+    try:
+        yield
+    except NonFiniteError as e:
+        hint = "; env.check_finite=false accepts it" if e.env is not None else ""
+        raise NonFiniteError(f"{e} {where}{hint}") from None
+
+
+def require_finite_stats(stats: dict, algo: str) -> None:
+    """Raise NonFiniteError naming the first of an update's stats (losses, KL, ...) that is NaN or infinite."""
+    for name, value in stats.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NonFiniteError(f"the {algo.upper()} {name} is {'NaN' if value != value else 'infinite'}")
 
 
 def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, resume_state: dict | None):

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import A2CConfig
+from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import MeanAll, normalize_advantages
 from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
@@ -208,7 +209,7 @@ class A2C:
         self.optimizer.zero_grad()
         self.loss.backward()
         self.loss = None  # frees the graph
-        nn.utils.clip_grad_norm_(self.trained, c.max_grad_norm)
+        require_finite(nn.utils.clip_grad_norm_(self.trained, c.max_grad_norm), "the A2C gradient norm")
         self.optimizer.step()
         stats = self.stats.tolist()
         return dict(zip(STATS, stats)) | {"explained_variance": stats[-1], "learning_rate": lr}

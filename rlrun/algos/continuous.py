@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import ContinuousControlConfig
+from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.envs import check_action_space
@@ -114,6 +115,7 @@ class ContinuousControl(ReplayAlgorithm):
     def step_critics(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[dict, Tensor]:
         """One optimizer step of the critics towards `targets`: (qf_loss and mean Q, |TD errors|)."""
         loss, td_abs, q = self.critic_learner(obs, actions, targets, weights)
+        require_finite(loss, f"the {self.cfg.name.upper()} critic loss")
         self.critic_optimizer.zero_grad()
         loss.backward()
         self.critic_optimizer.step()

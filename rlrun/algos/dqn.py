@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from rlrun.algos.configs import DQNConfig
+from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
 from rlrun.algos.protocol import EnvSpec, Reductions
 from rlrun.config import ModelConfig
@@ -116,7 +117,7 @@ class DQN(ReplayAlgorithm):
         loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, weights)
         self.optimizer.zero_grad()
         loss.backward()
-        self.clip_grad_norm_(self.trained, c.max_grad_norm)
+        require_finite(self.clip_grad_norm_(self.trained, c.max_grad_norm), "the DQN gradient norm")
         self.optimizer.step()
         if self.updates % c.target_update_interval == 0:
             polyak_update(self.target, self.model, c.tau)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import PPOConfig
+from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import RunningMoments, normalize_advantages, weighted_mean_all
 from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
@@ -292,7 +293,7 @@ class PPO:
                     loss, stats = loss * weights[j], stats * weights[j]
                 self.optimizer.zero_grad()
                 loss.backward()
-                self.clip_grad_norm_(self.trained, c.max_grad_norm)
+                require_finite(self.clip_grad_norm_(self.trained, c.max_grad_norm), "the PPO gradient norm")
                 self.optimizer.step()
                 totals += stats
                 count += 1

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from rlrun.algos.configs import SACConfig
 from rlrun.algos.continuous import ContinuousControl, CriticLearner
+from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import polyak_update
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import ModelConfig
@@ -118,6 +119,7 @@ class SAC(ContinuousControl):
 
     def _actor_step(self, obs: Tensor, noise: Tensor) -> dict[str, Tensor]:
         loss, actor_loss, alpha_loss, entropy = self.actor_learner(obs, noise, self.model.critic)
+        require_finite(loss, "the SAC actor loss")
         steps = [self.actor_optimizer] + ([self.alpha_optimizer] if self.alpha_optimizer is not None else [])
         for optimizer in steps:
             optimizer.zero_grad()

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from rlrun.algos.configs import TD3Config
 from rlrun.algos.continuous import ContinuousControl, CriticLearner
+from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import polyak_update
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import ModelConfig
@@ -85,6 +86,7 @@ class TD3(ContinuousControl):
         stats, td_abs = self.step_critics(obs, batch["actions"], targets, weights)
         if self.updates % c.policy_delay == 0:
             actor_loss = self.actor_learner(obs, nets.critic)
+            require_finite(actor_loss, "the TD3 actor loss")
             self.actor_optimizer.zero_grad()
             actor_loss.backward()
             self.actor_optimizer.step()

@@ -50,6 +50,8 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     atari: AtariConfig | None = None  # set for ALE games; ids starting with ALE/ get the defaults
     imports: list[str] = field(default_factory=list)  # modules that register your own envs (gym.register)
+    # A NaN or infinite observation or reward ends the run naming the env; false for envs that use NaN on purpose.
+    check_finite: bool = True
     vector: VectorConfig = field(default_factory=VectorConfig)
 
 

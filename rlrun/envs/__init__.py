@@ -208,8 +208,10 @@ def make_vector_env(
             return RayEnvs(cfg, num_envs, train, groups, role, lazy=not train, seeds=seeds)
         if v.backend == "subproc":
             workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
-            return WorkerPool(fns, workers, v.step_timeout_s, groups, role, lazy=not train)
-        return SyncEnvs(fns)
+            return WorkerPool(
+                fns, workers, v.step_timeout_s, groups, role, lazy=not train, check_finite=cfg.check_finite
+            )
+        return SyncEnvs(fns, cfg.check_finite)
     except (gym.error.Error, TypeError) as e:
         raise UserError(f"cannot make env '{cfg.id}' with env.kwargs={dict(cfg.kwargs)}: {e}") from e
 

@@ -30,6 +30,7 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from rlrun.envs.sync import batch_infos, env_buffers, run_command, step_results
+from rlrun.errors import NonFiniteError
 
 # Parent ends of every worker pipe this process holds. A forked child closes all of them, so that when the
 # rank dies the only ends left are its own and the workers' recv() sees EOF instead of blocking forever.
@@ -88,12 +89,13 @@ class WorkerContext:
     buffers: dict[str, np.ndarray]
     beats: np.ndarray  # [num_workers] progress counters: the rank times out a job that stops advancing
     where: list[int | None]  # the env being worked on (None: none), for the error report
+    check_finite: bool = True  # env.check_finite: a NaN or infinite observation or reward raises NonFiniteError
     shared: dict[str, np.ndarray] = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
 
     def step(self) -> list[dict]:
         """Step this worker's envs with the actions in the step buffers (SAME_STEP autoreset); their infos."""
-        infos = run_command("step", None, self.envs, self.rows.start, self.buffers, self.where)
+        infos = run_command("step", None, self.envs, self.rows.start, self.buffers, self.where, self.check_finite)
         self.beats[self.index] += 1
         return infos
 
@@ -130,6 +132,7 @@ def _worker(
     buffers: dict[str, np.ndarray],
     beats: np.ndarray,
     lazy: bool,
+    check_finite: bool,
 ) -> None:
     for end in list(_PARENT_ENDS):
         end.close()
@@ -139,7 +142,7 @@ def _worker(
     _limit_threads()
     _yield_on_wakeup()
     envs: list[gym.Env] = []
-    w = WorkerContext(index, envs, slice(offset, offset + len(env_fns)), buffers, beats, [offset])
+    w = WorkerContext(index, envs, slice(offset, offset + len(env_fns)), buffers, beats, [offset], check_finite)
     try:
         if not lazy:
             _make_envs(env_fns, envs, w)
@@ -161,9 +164,9 @@ def _worker(
                 job, args = data
                 conn.send(("ok", job(w, *args)))
             else:
-                conn.send(("ok", run_command(command, data, envs, offset, buffers, w.where)))
-    except Exception:
-        conn.send(("error", (w.where[0], traceback.format_exc())))
+                conn.send(("ok", run_command(command, data, envs, offset, buffers, w.where, check_finite)))
+    except Exception as e:
+        conn.send(_failure(e, w.where[0]))
     finally:
         for env in envs:
             try:
@@ -171,6 +174,14 @@ def _worker(
             except Exception:
                 pass
         conn.close()
+
+
+def _failure(error: Exception, env_index: int | None) -> tuple[str, object]:
+    """What a failing worker answers: a non-finite value from an env as its one line (the env's data is at fault,
+    not code), anything else with the env it happened in and the traceback."""
+    if isinstance(error, NonFiniteError):
+        return "nonfinite", str(error)
+    return "error", (env_index, traceback.format_exc())
 
 
 def _make_envs(env_fns: Sequence[Callable[[], gym.Env]], envs: list[gym.Env], w: WorkerContext) -> None:
@@ -214,6 +225,7 @@ class WorkerPool:
         groups: int = 1,
         role: str = "env worker",
         lazy: bool = False,
+        check_finite: bool = True,
     ):
         self.num_envs = len(env_fns)
         self.role = role  # how errors name a worker: "env worker 1 (pid ...)"
@@ -241,7 +253,7 @@ class WorkerPool:
             _PARENT_ENDS.add(parent_end)
             proc = ctx.Process(
                 target=_worker,
-                args=(w, env_fns[sl], sl.start, child_end, self.buffers, self.beats, lazy),
+                args=(w, env_fns[sl], sl.start, child_end, self.buffers, self.beats, lazy, check_finite),
                 name=f"rlrun-env-worker-{w}",
                 daemon=True,
             )
@@ -288,6 +300,8 @@ class WorkerPool:
                 status, payload = "dead", None
             if status == "ok":
                 return payload
+            if status == "nonfinite":
+                raise NonFiniteError(payload)
             if status == "error":
                 env_index, tb = payload
                 place = "while acting" if env_index is None else f"in env {env_index}"

@@ -24,8 +24,8 @@ from gymnasium.vector.utils import batch_space
 
 from rlrun.config import EnvConfig
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerContext, split_envs
-from rlrun.envs.sync import batch_infos, env_buffers, run_command
-from rlrun.errors import UserError
+from rlrun.envs.sync import batch_infos, env_buffers, env_nonfinite, run_command
+from rlrun.errors import NonFiniteError, UserError
 
 # A Ray this process started for its vector envs, and how many of them are open: the last to close shuts it down.
 _own_ray = {"started": False, "open": 0}
@@ -53,7 +53,7 @@ class EnvActor:
         probe = self.fns[0]()
         self.buffers = env_buffers(count, probe.observation_space, probe.action_space)
         probe.close()
-        self.w = WorkerContext(0, [], slice(0, count), self.buffers, np.zeros(1, np.int64), [offset])
+        self.w = WorkerContext(0, [], slice(0, count), self.buffers, np.zeros(1, np.int64), [offset], cfg.check_finite)
         if not lazy:
             self._make_envs()
 
@@ -78,6 +78,8 @@ class EnvActor:
             if not self.w.envs:  # lazy: at the first command
                 self._make_envs()
             return "ok", work()
+        except NonFiniteError as e:  # this actor's env index, as the rank counts its envs
+            return "nonfinite", str(env_nonfinite(self.offset + e.env, e.detail))
         except Exception:
             env = self.w.where[0]
             return "error", (None if env is None else self.offset + env, traceback.format_exc())
@@ -90,7 +92,13 @@ class EnvActor:
             if command == "step":
                 self.buffers["actions"][:] = data
             infos = run_command(
-                command, None if command == "step" else data, self.w.envs, 0, self.buffers, self.w.where
+                command,
+                None if command == "step" else data,
+                self.w.envs,
+                0,
+                self.buffers,
+                self.w.where,
+                self.w.check_finite,
             )
             self.w.beats[0] += command == "step"
             b = self.buffers
@@ -219,6 +227,8 @@ class RayEnvs:
                 status, payload = self.ray.get(ref)
             except self.ray.exceptions.RayError as e:
                 raise EnvWorkerError(f"{self._where(w)} died during {what}: {_cause(e)}") from e
+            if status == "nonfinite":
+                raise NonFiniteError(payload)
             if status == "error":
                 env_index, tb = payload
                 place = "while acting" if env_index is None else f"in env {env_index}"

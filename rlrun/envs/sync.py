@@ -16,6 +16,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rlrun.envs.state import env_state, load_env_state
+from rlrun.errors import NonFiniteError
 
 
 def env_buffers(
@@ -33,10 +34,17 @@ def env_buffers(
 
 
 def run_command(
-    command: str, data: list | None, envs: list[gym.Env], offset: int, b: dict[str, np.ndarray], where: list[int]
+    command: str,
+    data: list | None,
+    envs: list[gym.Env],
+    offset: int,
+    b: dict[str, np.ndarray],
+    where: list[int],
+    check_finite: bool = True,
 ) -> list[dict]:
     """Run one command on `envs` (rows offset.. of the buffers `b`); returns their per-env infos.
-    `where[0]` tracks the env being worked on, for a worker's error report."""
+    `where[0]` tracks the env being worked on, for a worker's error report. With `check_finite`, a step or reset
+    that returns a NaN or infinite observation or reward raises NonFiniteError naming the env."""
     infos = []
     for i, env in enumerate(envs):
         where[0] = j = offset + i
@@ -44,6 +52,8 @@ def run_command(
         if command == "step":
             obs, b["rewards"][j], b["terminated"][j], b["truncated"][j], info = env.step(b["actions"][j])
             if b["terminated"][j] or b["truncated"][j]:  # autoreset in the same step, as SAME_STEP does
+                if check_finite:  # a truncation bootstraps from it
+                    require_finite_rows(obs[None], j, "final observation")
                 b["final_obs"][j] = obs
                 final = {"final_obs": b["final_obs"][j].copy(), "final_info": info}
                 obs, info = env.reset()
@@ -56,7 +66,29 @@ def run_command(
         elif command == "set_state":
             load_env_state(env, data[i])
         infos.append(info)
+    if check_finite and command in ("step", "reset"):
+        rows = slice(offset, offset + len(envs))
+        require_finite_rows(b["obs"][rows], offset, "observation")
+        require_finite_rows(b["rewards"][rows], offset, "reward")
     return infos
+
+
+def require_finite_rows(x: np.ndarray, first_env: int, what: str) -> None:
+    """Raise NonFiniteError naming the first env whose row of `x` [n, ...] (envs first_env..) holds a NaN or an
+    infinity. One vectorized check per step batch; integer arrays (Atari frames) cannot hold either."""
+    if x.dtype.kind != "f" or np.isfinite(x).all():
+        return
+    bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    row = int(np.flatnonzero(bad)[0])
+    raise env_nonfinite(first_env + row, f"{'a NaN' if np.isnan(x[row]).any() else 'an infinite'} {what}")
+
+
+def env_nonfinite(env: int, detail: str) -> NonFiniteError:
+    """The error for env `env` returning a non-finite value (`detail`: "a NaN observation"); it keeps both, so that a
+    host whose env indices are local (a Ray actor) can name the rank's index instead."""
+    error = NonFiniteError(f"env {env} returned {detail}")
+    error.env, error.detail = env, detail
+    return error
 
 
 class _Infos:
@@ -94,8 +126,9 @@ class SyncEnvs:
     """The envs of `env_fns`, stepped in this process: gymnasium's vector env interface (reset, step, close,
     spaces) plus what rlrun's collect loops use: send/recv on one group, and env state for checkpoints."""
 
-    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]]):
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], check_finite: bool = True):
         self.envs = [fn() for fn in env_fns]
+        self.check_finite = check_finite
         self.num_envs = len(self.envs)
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
@@ -108,7 +141,7 @@ class SyncEnvs:
         self._infos: list[dict] = []
 
     def _run(self, command: str, data: list | None = None) -> list[dict]:
-        return run_command(command, data, self.envs, 0, self.buffers, [0])
+        return run_command(command, data, self.envs, 0, self.buffers, [0], self.check_finite)
 
     def reset(self, seed: int | Sequence[int] | None = None, options: dict | None = None):
         if isinstance(seed, int):

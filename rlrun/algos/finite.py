@@ -1,0 +1,15 @@
+"""The guard an update runs before its optimizer steps: a non-finite loss or gradient norm ends the run there, so
+the parameters and optimizer state it leaves (and any checkpoint of them) stay finite."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from rlrun.errors import NonFiniteError
+
+
+def require_finite(x: Tensor, what: str) -> None:
+    """Raise NonFiniteError naming `what` when the scalar `x` is NaN or infinite (one device sync)."""
+    value = float(x)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise NonFiniteError(f"{what} is {'NaN' if value != value else 'infinite'}")

@@ -1,0 +1,184 @@
+"""Faults end cleanly wherever they land: a signal during an evaluation (the first ends it early and stops with a
+checkpoint, a second stops at once), Ctrl-C during start-up, and non-finite numbers from an env or an update, which
+end the run naming what and where with a finite recovery checkpoint. Real CLI runs, real signals, real files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import cli_env, rlrun
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+ENVS = """
+import gymnasium as gym, numpy as np
+
+class Endless(gym.Wrapper):
+    '''CartPole that never ends (no termination, no time limit): an evaluation of it runs until stopped.'''
+    def __init__(self):
+        super().__init__(gym.make('CartPole-v1', max_episode_steps=None))
+    def step(self, action):
+        obs, reward, _, _, info = self.env.step(action)
+        return np.clip(obs, -1, 1), reward, False, False, info
+
+class NanObs(gym.Wrapper):
+    '''CartPole whose observations turn NaN at its 300th step.'''
+    def __init__(self):
+        super().__init__(gym.make('CartPole-v1'))
+        self.t = 0
+    def step(self, action):
+        self.t += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return (obs * np.nan if self.t >= 300 else obs), reward, terminated, truncated, info
+
+class HugeReward(gym.Wrapper):
+    '''CartPole whose rewards (finite as float64) overflow the float32 rollout from its 300th step: the loss is not.'''
+    def __init__(self):
+        super().__init__(gym.make('CartPole-v1'))
+        self.t = 0
+    def step(self, action):
+        self.t += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, (1e300 if self.t >= 300 else reward), terminated, truncated, info
+
+gym.register('Endless-v0', entry_point=Endless)
+gym.register('NanObs-v0', entry_point=NanObs)
+gym.register('HugeReward-v0', entry_point=HugeReward)
+"""
+COMMON = ["env.imports=[fault_envs]", "logging.progress=plain", "env.num_envs=2", "eval.num_envs=1"]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "fault_envs.py").write_text(ENVS)
+    return tmp_path
+
+
+def _start(folder: Path, run: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "rlrun", "train", *COMMON, *args, f"hydra.run.dir={run}"]
+    return subprocess.Popen(cmd, cwd=folder, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path_glob: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(path_glob.parent.glob(path_glob.name)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path_glob} never appeared"
+        time.sleep(0.05)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str, float]:
+    """(stdout, stderr, seconds taken) of a run that must end within `timeout`; killed (and the test failed) if not."""
+    start = time.monotonic()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return stdout, stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["one-signal", "two-signals"])
+def test_a_signal_during_the_final_evaluation_ends_it_with_the_checkpoint_and_resume_line(folder, second):
+    """The final evaluation of an env that never ends runs until stopped: the first SIGINT ends it early (the run
+    stops as interrupted, with the final checkpoint kept and the line to continue); with a second one right after,
+    the run stops at once, still with its summary and no traceback."""
+    run = folder / "run"
+    proc = _start(folder, run, "env.id=Endless-v0", "total_steps=512", "eval.every_steps=0", "eval.episodes=2")
+    _wait_for(run / "checkpoints" / "ckpt_*.pt", proc)  # the final checkpoint comes right before the final evaluation
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    if second:
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+    stdout, stderr, seconds = _finish(proc, 30)
+    assert seconds < 10, "the evaluation went on"
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert "Traceback" not in stderr and "Ctrl-C again to stop now" in stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGINT
+    assert summary["resume"] == f"rlrun train resume={run}"
+    assert stdout.strip().splitlines()[-1].endswith(f"rlrun train resume={run}")  # the console's last line
+    (saved,) = (run / "checkpoints").glob("ckpt_*.pt")
+    assert torch.load(saved, weights_only=True)["env_steps"] == 512
+
+
+def test_sigterm_during_a_periodic_evaluation_stops_the_run_at_the_next_iteration(folder):
+    run = folder / "run"
+    args = ["env.id=Endless-v0", "total_steps=100000", "eval.every_steps=256", "checkpoint.every_steps=0"]
+    proc = _start(folder, run, *args)
+    for line in proc.stdout:
+        if "accelerations:" in line:  # training starts: within a second it reaches the first, endless evaluation
+            break
+    time.sleep(2.0)
+    assert not (run / "metrics.jsonl").exists()  # still evaluating: its interval is logged when the evaluation ends
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr, seconds = _finish(proc, 30)
+    assert seconds < 10 and proc.returncode == 128 + signal.SIGTERM, stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
+    assert summary["env_steps"] < 100000 and summary["final_checkpoint"]
+
+
+@pytest.mark.parametrize(
+    ("algo", "env_id", "expected"),
+    [
+        ("ppo", "NanObs-v0", "env 0 returned a NaN observation in the iteration from env step"),
+        ("dqn", "NanObs-v0", "env 0 returned a NaN observation in the iteration from env step"),
+        ("ppo", "HugeReward-v0", "the PPO gradient norm is NaN in iteration"),
+        ("a2c", "HugeReward-v0", "the A2C gradient norm is NaN in iteration"),
+    ],
+)
+def test_a_non_finite_value_ends_the_run_naming_it_with_a_finite_recovery_checkpoint(folder, algo, env_id, expected):
+    run = folder / "run"
+    args = [f"algo={algo}", f"env.id={env_id}", "total_steps=20000", "checkpoint.every_steps=0", "eval.every_steps=0"]
+    extra = ["algo.learning_starts=100"] if algo == "dqn" else []
+    out = rlrun("train", *COMMON, *args, *extra, f"hydra.run.dir={run}", cwd=folder)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr  # (numpy warns about the overflow the test env makes)
+    assert expected in out.stderr.strip().splitlines()[-1], out.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and expected in summary["error"]
+    (saved,) = (run / "checkpoints").glob("ckpt_*.pt")
+    state = torch.load(saved, weights_only=True)
+    assert state["recovery"]
+    weights = [t for t in _tensors(state["algo"]) if t.is_floating_point()]
+    assert weights and all(torch.isfinite(t).all() for t in weights)
+
+
+def test_check_finite_false_lets_an_env_return_nan(folder):
+    """env.check_finite=false: the env check is off; the run then fails in the update, which cannot learn from NaN."""
+    args = ["env.id=NanObs-v0", "env.check_finite=false", "total_steps=4000", "eval.every_steps=0"]
+    out = rlrun("train", *COMMON, *args, f"hydra.run.dir={folder / 'run'}", cwd=folder)
+    assert out.returncode == 1 and "returned a NaN observation" not in out.stderr
+    assert "the PPO gradient norm is NaN" in out.stderr
+
+
+def test_ctrl_c_during_start_up_is_one_line(folder):
+    """SIGINT as soon as the run folder is made (then rlrun imports torch and makes the envs): exit 130 within
+    seconds, no traceback."""
+    proc = _start(folder, folder / "run", "total_steps=100000")
+    _wait_for(folder / "run" / ".hydra", proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr, seconds = _finish(proc, 30)
+    assert seconds < 10 and proc.returncode == 128 + signal.SIGINT
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+
+
+def _tensors(state) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in _tensors(v)]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in _tensors(v)]
+    return []
