@@ -25,7 +25,8 @@ class Checkpointer:
         self.keep_last = keep_last
 
     def save(self, state: dict, env_steps: int) -> Path:
-        if not all_finite(state["algo"]):  # a checkpoint is what a run continues from: never one that cannot train
+        # A checkpoint is what a run continues from: never one that cannot train.
+        if not all_finite(state.get("algo", state)):
             raise NonFiniteError(
                 f"refusing to save a checkpoint at {env_steps:,} env steps: it holds non-finite values"
             )

@@ -10,6 +10,6 @@ from rlrun.errors import NonFiniteError
 
 def require_finite(x: Tensor, what: str) -> None:
     """Raise NonFiniteError naming `what` when the scalar `x` is NaN or infinite (one device sync)."""
-    value = float(x)
+    value = float(x.detach())
     if value != value or value in (float("inf"), float("-inf")):
         raise NonFiniteError(f"{what} is {'NaN' if value != value else 'infinite'}")
