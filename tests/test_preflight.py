@@ -41,7 +41,7 @@ BAD_TRAIN = [
     (["seed"], "cannot parse overrides"),
     (["algo.lr=0"], "algo.lr=0.0: must be > 0"),
     (["algo.gamma=1.5"], "algo.gamma=1.5"),
-    (["model.activation=gelu"], "tanh or relu"),
+    (["model.activation=gelu"], "model.activation=gelu: accepted are tanh, relu"),
     (["algo=dqn", "algo.tau=0"], "algo.tau=0.0: must be in (0, 1]"),
     (["algo=dqn", "algo.buffer_size=0"], "algo.buffer_size=0: must be >= 1"),
     (["algo=dqn", "algo.buffer_size=500"], "algo.learning_starts=1000 exceeds what the replay can hold"),
