@@ -161,8 +161,11 @@ def preflight(command: str, args: list[str]) -> list[str]:
                 _preflight_train(typed, runs)
             else:
                 validate_play(typed)
-                if runs:
+                if runs:  # a bad checkpoint or device ends here, before Hydra makes the play's run folder
+                    from rlrun.checkpoint import load_checkpoint
+
                     check_device_present(typed.device)
+                    load_checkpoint(typed.checkpoint)
     if command == "train":
         return _resume_args(overrides, args)
     return args
