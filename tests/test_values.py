@@ -55,8 +55,8 @@ def _contents(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("case", list(BAD))
 def test_a_bad_value_is_one_line_and_leaves_the_run_folder_as_it_was(tmp_path, case):
     args, message = BAD[case]
-    text = tmp_path / "notes.pt"  # a text file named like a checkpoint (it ended in KeyError: 174812789)
-    text.write_text("174812789 steps, seed 3: looked good\n")
+    text = tmp_path / "notes.pt"  # a text file named like a checkpoint (it ended in KeyError: 101, its "e")
+    text.write_text("hello from my notes, not a checkpoint\n")
     args = [a.replace("TEXT", str(text)) for a in args]
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
