@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, IntegerNode, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
@@ -20,7 +20,9 @@ from rlrun.config.hydra_compat import (
     COMPOSITION_ERRORS,
     args_parser,
     error_line,
+    integer_key,
     null_parent_line,
+    override_values,
     parse_overrides,
     runs_nothing,
 )
@@ -178,16 +180,13 @@ def _exact_integers(command: str, overrides: list[str]) -> list[str]:
     reference = None
     exact = []
     for o in parse_overrides(overrides):
-        values = o.value().list if o.is_sweep_override() and hasattr(o.value(), "list") else [o.value()]
+        values = override_values(o)
         if not any(isinstance(v, float) for v in values):
             exact.append(o.input_line)
             continue
         if reference is None:
             reference = _reference(command, overrides)
-        parent, _, leaf = o.key_or_group.rpartition(".")
-        section = OmegaConf.select(reference, parent) if parent else reference
-        node = section._get_node(leaf) if isinstance(section, DictConfig) and leaf in section else None
-        if not isinstance(node, IntegerNode):
+        if not integer_key(reference, o.key_or_group):
             exact.append(o.input_line)
             continue
         for v in values:
@@ -204,8 +203,7 @@ def _preflight_train(typed: TrainConfig, runs: bool) -> None:
     if typed.resume in (None, "auto"):  # auto: the command line's config is checked (its checkpoint's, when found)
         validate_train(typed)
         if runs:
-            d = typed.distributed
-            check_device_present(typed.device, d.nproc_per_node)
+            check_device_present(typed.device, typed.distributed.nproc_per_node)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
         entry, user_network = ALGORITHMS[typed.algo.name], typed.model._target_ is not None
