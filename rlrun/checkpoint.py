@@ -106,14 +106,19 @@ def load_shard(checkpoint: Path, env_steps: int, rank: int) -> dict | None:
 
 def _load_data(path: Path, kind: str):
     """torch.load of plain data only; every way the file can be wrong becomes one UserError naming `kind`."""
+    unreadable = f"{path} is not a readable {kind} (corrupt, truncated or not a checkpoint file)"
+    # torch.save writes zip archives. Anything else torch.load reads as its legacy format, a raw pickle stream, whose
+    # opcodes a text file or random bytes can spell: "hello" is a memo lookup that ends in KeyError: 101.
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise UserError(unreadable)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "GLOBAL" in str(e):  # weights_only met a class or function: loading would run code
             raise UserError(f"{path} holds objects other than plain data; refusing to load it") from e
-        raise UserError(f"{path} is not a readable {kind} (corrupt or truncated)") from e
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        raise UserError(f"{path} is not a readable {kind} (corrupt or truncated)") from e
+        raise UserError(unreadable) from e
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError, KeyError) as e:
+        raise UserError(unreadable) from e
 
 
 class NullCheckpointer:

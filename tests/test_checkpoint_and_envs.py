@@ -1,6 +1,7 @@
 """Checkpoint files (atomic, plain data, every way a file can be wrong) and exact env state round trips."""
 
 import os
+import zipfile
 
 import gymnasium as gym
 import numpy as np
@@ -41,10 +42,22 @@ def test_a_pickle_that_runs_code_is_refused(tmp_path):
     assert not os.path.exists(marker)
 
 
-@pytest.mark.parametrize("kind", ["missing", "truncated", "garbage", "not_rlrun", "future_version", "empty_dir"])
+BAD_FILES = ["missing", "truncated", "garbage", "text", "empty", "random", "other_zip", "not_rlrun", "future_version"]
+
+
+@pytest.mark.parametrize("kind", [*BAD_FILES, "empty_dir"])
 def test_bad_checkpoint_files(tmp_path, kind):
     path = tmp_path / "c.pt"
-    if kind == "truncated":
+    if kind == "text":  # torch.load read it as a raw pickle stream: KeyError: 101
+        path.write_text("hello from my notes\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "random":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    elif kind == "other_zip":
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("notes.txt", "not a checkpoint")
+    elif kind == "truncated":
         torch.save({"rlrun_format": 1, "w": torch.zeros(1000)}, path)
         path.write_bytes(path.read_bytes()[:300])
     elif kind == "garbage":
@@ -60,6 +73,10 @@ def test_bad_checkpoint_files(tmp_path, kind):
         "missing": "not found",
         "truncated": "not a readable",
         "garbage": "not a readable",
+        "text": "not a readable checkpoint",
+        "empty": "not a readable checkpoint",
+        "random": "not a readable checkpoint",
+        "other_zip": "not a readable checkpoint",
         "not_rlrun": "not an rlrun checkpoint",
         "future_version": "format version 99",
         "empty_dir": "no checkpoint in",

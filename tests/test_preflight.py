@@ -6,6 +6,9 @@ tracebacks."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from rlrun.algos import DQNConfig
@@ -14,6 +17,7 @@ from rlrun.config.hydra_compat import args_parser, parse_overrides
 from rlrun.config.preflight import preflight
 from rlrun.config.store import from_yaml, register_configs, to_yaml
 from rlrun.errors import UserError
+from tests.conftest import cli_env
 
 register_configs()
 
@@ -41,7 +45,7 @@ BAD_TRAIN = [
     (["seed"], "cannot parse overrides"),
     (["algo.lr=0"], "algo.lr=0.0: must be > 0"),
     (["algo.gamma=1.5"], "algo.gamma=1.5"),
-    (["model.activation=gelu"], "tanh or relu"),
+    (["model.activation=gelu"], "model.activation=gelu: accepted are tanh, relu"),
     (["algo=dqn", "algo.tau=0"], "algo.tau=0.0: must be in (0, 1]"),
     (["algo=dqn", "algo.buffer_size=0"], "algo.buffer_size=0: must be >= 1"),
     (["algo=dqn", "algo.buffer_size=500"], "algo.learning_starts=1000 exceeds what the replay can hold"),
@@ -69,6 +73,36 @@ BAD_TRAIN = [
     (["algo=dqn", "model._target_=tests.data.user_nets.TinyActorCritic"], "must return Q-values [2, 2]"),
     (["algo=dqn", "algo.dueling=true", "model._target_=tests.data.user_nets.TinyQ"], "put it in your network"),
     (["model=lstm", "model._target_=tests.data.user_nets.TinyQ"], "model._target_ networks are feedforward"),
+    # issue 39: values that ended deep inside (a torch, gymnasium or numpy traceback) or not at all
+    (["seed=-1"], "seed=-1: must be in [0, 2**32)"),
+    (["seed=4294967296"], "seed=4294967296: must be in [0, 2**32)"),
+    (["env.max_episode_steps=0"], "env.max_episode_steps=0: must be >= 1 (or null)"),
+    (["total_steps=1e-3"], "total_steps=1e-3: must be an integer"),
+    (["-m", "total_steps=1e5,2.5e-1"], "total_steps=1e5,2.5e-1: must be an integer"),
+    (["device=gpu"], "device=gpu: accepted are auto, cpu, cuda, cuda:N"),
+    (["device=cuda:99"], "device=cuda:99: this machine has"),
+    (["algo.lr=nan"], "algo.lr=nan: must be > 0"),
+    (["algo.ent_coef=-0.1"], "algo.ent_coef=-0.1: must be >= 0"),
+    (["model.hidden_sizes=[64,0]"], "model.hidden_sizes=[64, 0]: each must be >= 1"),
+    (["env=breakout", "env.atari.repeat_action_probability=1.5"], "repeat_action_probability=1.5: must be in [0, 1]"),
+    (["env=breakout", "env.atari.frame_skip=0"], "env.atari.frame_skip=0: must be >= 1"),
+    (["logging.progress=fancy"], "logging.progress=fancy: accepted are auto, rich, plain, none"),
+    (["algo=dqn", "algo.start_e=1.1"], "algo.start_e=1.1: must be in [0, 1]"),
+    (["algo=sac", "env=pendulum", "algo.alpha=0"], "algo.alpha=0.0: must be > 0"),
+    (["algo=td3", "env=pendulum", "algo.target_noise_clip=-1"], "algo.target_noise_clip=-1.0: must be >= 0"),
+    (
+        ["algo=dqn", "total_steps=800"],
+        "total_steps=800 ends before the first update: the replay holds 765 transitions at the end, "
+        "algo.learning_starts=1000; raise total_steps to 1024 or lower algo.learning_starts "
+        "(or algo.allow_no_updates=true runs it anyway)",
+    ),
+    (["algo=dqn", "env=breakout", "total_steps=2000"], "algo.learning_starts=80000; raise total_steps to 80004"),
+    (
+        ["algo=dqn", "distributed.nproc_per_node=2", "algo.n_step=3", "total_steps=1000"],
+        "the replay holds 506 transitions at the end, algo.learning_starts=1000; raise total_steps to 1024",
+    ),
+    (["algo=sac", "env=pendulum", "total_steps=100"], "raise total_steps to 101"),
+    (["algo=td3", "env=pendulum", "algo.learning_starts=5000", "total_steps=4000"], "raise total_steps to 5001"),
 ]
 
 
@@ -86,6 +120,39 @@ def test_a_resume_override_the_checkpoints_algorithm_lacks_is_one_line():
     for bad in ("algo.clip_coef=0.1", "algo.lr=abc"):
         with pytest.raises(UserError, match=f"{bad}: .*the checkpoint's algo is dqn"):
             from_yaml(text, [bad])
+
+
+def test_exact_integer_floats_are_written_as_integers_for_hydra():
+    # OmegaConf refuses any float for an int key; the pre-flight hands Hydra the integer, so .hydra/overrides.yaml
+    # and the resolved config say 1000000. Floats of float keys stay as written.
+    assert preflight("train", ["total_steps=1e6", "algo.lr=1e-3"]) == ["total_steps=1000000", "algo.lr=1e-3"]
+    assert preflight("train", ["-m", "total_steps=1e5,2.5e4", "seed=0,1"]) == [
+        "-m",
+        "total_steps=100000,25000",
+        "seed=0,1",
+    ]
+    assert preflight("train", ["algo=dqn", "algo.learning_starts=5e2", "--cfg", "job"])[1] == "algo.learning_starts=500"
+
+
+def test_the_number_that_would_just_update_is_accepted():
+    # 1024 steps of DQN's CartPole preset (train_freq 256, one env, learning_starts 1000, 1-step): 4 iterations, the
+    # replay holds 1023 after the last one, so one update phase runs; below that, none.
+    assert preflight("train", ["algo=dqn", "total_steps=1024"]) == ["algo=dqn", "total_steps=1024"]
+    with pytest.raises(UserError, match="raise total_steps to 1024"):
+        preflight("train", ["algo=dqn", "total_steps=1023"])
+    assert preflight("train", ["algo=dqn", "total_steps=800", "algo.allow_no_updates=true"])
+    assert preflight("train", ["algo=dqn", "total_steps=800", "algo.gradient_steps=0"])  # only collects: as asked
+
+
+def test_a_device_is_looked_for_only_by_a_command_that_runs():
+    # Printing a config or failing on a typo never imports torch (start-up stays under a second); a run that asks for
+    # a CUDA device this machine lacks is refused before its run folder exists.
+    code = (
+        "import sys; from rlrun.config.store import register_configs; from rlrun.config.preflight import preflight;"
+        "register_configs(); preflight('train', ['device=cuda:99', '--cfg', 'job']); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=cli_env())
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
 def test_good_input_passes_and_help_is_left_to_hydra():

@@ -7,16 +7,90 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from rlrun.config import RECURRENT_MODELS, TrainConfig, check
+from rlrun.config import (
+    AT_LEAST_1,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    RECURRENT_MODELS,
+    OneOf,
+    Range,
+    Rule,
+    TrainConfig,
+    check,
+    check_rules,
+)
 
-
-def check_unroll(cfg) -> None:
-    """The checks PPO and A2C share: rate, unroll length and the returns' discounts."""
-    check(cfg.lr > 0, f"algo.lr={cfg.lr}: must be > 0")
-    check(cfg.num_steps >= 1, f"algo.num_steps={cfg.num_steps}: must be >= 1")
-    check(0 < cfg.gamma <= 1, f"algo.gamma={cfg.gamma}: must be in (0, 1]")
-    check(0 <= cfg.gae_lambda <= 1, f"algo.gae_lambda={cfg.gae_lambda}: must be in [0, 1]")
+# The keys with a range or a set of values, per algorithm (config/__init__.py's TRAIN_RULES has the run's others).
+UNROLL_RULES: dict[str, Rule] = {  # PPO's and A2C's
+    "lr": POSITIVE,
+    "num_steps": AT_LEAST_1,
+    "gamma": FRACTION,
+    "gae_lambda": PROBABILITY,
+    "ent_coef": NON_NEGATIVE,
+    "vf_coef": NON_NEGATIVE,
+    "max_grad_norm": POSITIVE,
+}
+PPO_RULES: dict[str, Rule] = {
+    **UNROLL_RULES,
+    "num_minibatches": AT_LEAST_1,
+    "update_epochs": AT_LEAST_1,
+    "clip_coef": POSITIVE,
+    "target_kl": Range(0, low_open=True, optional=True),
+    "clip_obs": POSITIVE,
+    "adam_eps": POSITIVE,
+    "preempt_fraction": Range(0, 1, low_open=True, optional=True),
+    "preempt_floor": FRACTION,
+}
+OPTIMIZERS = ("rmsprop", "rmsprop_tf", "adam")
+A2C_RULES: dict[str, Rule] = {
+    **UNROLL_RULES,
+    "optimizer": OneOf(OPTIMIZERS),
+    "alpha": Range(0, 1, high_open=True),
+    "eps": POSITIVE,
+}
+REPLAY_RULES: dict[str, Rule] = {  # DQN's, SAC's and TD3's
+    "lr": POSITIVE,
+    "gamma": FRACTION,
+    "tau": FRACTION,
+    "batch_size": AT_LEAST_1,
+    "n_step": AT_LEAST_1,
+    "train_freq": AT_LEAST_1,
+    "buffer_size": AT_LEAST_1,
+    "gradient_steps": NON_NEGATIVE,
+    "learning_starts": NON_NEGATIVE,
+    "adam_eps": POSITIVE,
+    "replay.alpha": POSITIVE,
+    "replay.beta_start": PROBABILITY,
+    "replay.priority_eps": POSITIVE,
+}
+DQN_RULES: dict[str, Rule] = {
+    **REPLAY_RULES,
+    "target_update_interval": AT_LEAST_1,
+    "start_e": PROBABILITY,
+    "end_e": PROBABILITY,
+    "exploration_fraction": FRACTION,
+    "max_grad_norm": POSITIVE,
+    "loss": OneOf(("mse", "huber")),
+}
+# (DQN accepts gradient_steps=0, a run that only collects; SAC and TD3 would act uniformly at random throughout.)
+CONTINUOUS_RULES: dict[str, Rule] = {**REPLAY_RULES, "gradient_steps": AT_LEAST_1}
+SAC_RULES: dict[str, Rule] = {
+    **CONTINUOUS_RULES,
+    "alpha": POSITIVE,
+    "policy_frequency": AT_LEAST_1,
+    "target_update_interval": AT_LEAST_1,
+}
+TD3_RULES: dict[str, Rule] = {
+    **CONTINUOUS_RULES,
+    "policy_delay": AT_LEAST_1,
+    "exploration_noise": NON_NEGATIVE,
+    "target_policy_noise": NON_NEGATIVE,
+    "target_noise_clip": NON_NEGATIVE,
+}
 
 
 @dataclass
@@ -57,13 +131,9 @@ class PPOConfig:
 
     def validate(self, run: TrainConfig) -> None:
         """Range and consistency checks against the whole run's config; UserError with one line."""
-        check_unroll(self)
+        check_rules(self, PPO_RULES, "algo.")
         if self.preempt_fraction is not None:
             self._validate_preemption(run)
-        check(self.update_epochs >= 1, f"algo.update_epochs={self.update_epochs}: must be >= 1")
-        check(self.clip_coef > 0, f"algo.clip_coef={self.clip_coef}: must be > 0")
-        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
-        check(self.target_kl is None or self.target_kl > 0, f"algo.target_kl={self.target_kl}: must be > 0 or null")
         num_envs, world_size = run.env.num_envs, run.distributed.nproc_per_node * run.distributed.nnodes
         batch = self.num_steps * num_envs
         check(
@@ -90,9 +160,6 @@ class PPOConfig:
         return max(1, math.ceil(self.preempt_floor * self.num_steps))
 
     def _validate_preemption(self, run: TrainConfig) -> None:
-        f = self.preempt_fraction
-        check(0 < f <= 1, f"algo.preempt_fraction={f}: must be in (0, 1] (or null: no preemption)")
-        check(0 < self.preempt_floor <= 1, f"algo.preempt_floor={self.preempt_floor}: must be in (0, 1]")
         check(
             not (self.normalize_obs or self.normalize_reward),
             "algo.preempt_fraction needs algo.normalize_obs=false and algo.normalize_reward=false: their statistics "
@@ -104,9 +171,6 @@ class PPOConfig:
             f"algo.preempt_floor={self.preempt_floor}: the shortest rollout ({self.preempt_after} steps x "
             f"{run.env.num_envs} envs) must fill algo.num_minibatches={self.num_minibatches}",
         )
-
-
-OPTIMIZERS = ("rmsprop", "rmsprop_tf", "adam")
 
 
 @dataclass
@@ -132,11 +196,7 @@ class A2CConfig:
 
     def validate(self, run: TrainConfig) -> None:
         """Range and consistency checks against the whole run's config; UserError with one line."""
-        check_unroll(self)
-        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
-        check(self.optimizer in OPTIMIZERS, f"algo.optimizer={self.optimizer}: accepted are {', '.join(OPTIMIZERS)}")
-        check(0 <= self.alpha < 1, f"algo.alpha={self.alpha}: must be in [0, 1)")
-        check(self.eps > 0, f"algo.eps={self.eps}: must be > 0")
+        check_rules(self, A2C_RULES, "algo.")
         check(
             run.model.name not in RECURRENT_MODELS,
             f"model={run.model.name} trains with algo=ppo; algo=a2c takes model=mlp or nature_cnn (or model._target_)",
@@ -150,20 +210,9 @@ class A2CConfig:
         )
 
 
-def check_replay_algorithm(cfg, run: TrainConfig) -> None:
-    """The checks DQN, SAC and TD3 share: their rates, sizes and replay (cfg has DQNConfig's or
-    ContinuousControlConfig's fields), against the whole run's config; UserError with one line."""
-    check(cfg.lr > 0, f"algo.lr={cfg.lr}: must be > 0")
-    check(0 < cfg.gamma <= 1, f"algo.gamma={cfg.gamma}: must be in (0, 1]")
-    check(0 < cfg.tau <= 1, f"algo.tau={cfg.tau}: must be in (0, 1]")
-    for key in ("batch_size", "n_step", "train_freq", "buffer_size"):
-        check(getattr(cfg, key) >= 1, f"algo.{key}={getattr(cfg, key)}: must be >= 1")
-    for key in ("gradient_steps", "learning_starts"):
-        check(getattr(cfg, key) >= 0, f"algo.{key}={getattr(cfg, key)}: must be >= 0")
-    r = cfg.replay
-    check(r.alpha > 0, f"algo.replay.alpha={r.alpha}: must be > 0")
-    check(0 <= r.beta_start <= 1, f"algo.replay.beta_start={r.beta_start}: must be in [0, 1]")
-    check(r.priority_eps > 0, f"algo.replay.priority_eps={r.priority_eps}: must be > 0")
+def check_replay_algorithm(cfg, run: TrainConfig) -> list[str]:
+    """The consistency checks DQN, SAC and TD3 share (cfg has DQNConfig's or ContinuousControlConfig's fields),
+    against the whole run's config; UserError with one line. Returns the warnings for the run's log."""
     world_size = run.distributed.nproc_per_node * run.distributed.nnodes
     ranks = f" x {world_size} ranks" if world_size > 1 else ""
     check(
@@ -176,6 +225,28 @@ def check_replay_algorithm(cfg, run: TrainConfig) -> None:
         run.total_steps >= iteration,
         f"total_steps={run.total_steps} is less than one iteration (algo.train_freq x env.num_envs"
         f"{' x ranks' if world_size > 1 else ''} = {iteration})",
+    )
+    message = no_updates(cfg, run) if cfg.gradient_steps > 0 else None
+    check(message is None or cfg.allow_no_updates, f"{message} (or algo.allow_no_updates=true runs it anyway)")
+    return [f"{message} (algo.allow_no_updates=true)"] if message else []
+
+
+def no_updates(cfg, run: TrainConfig) -> str | None:
+    """Why a replay-based run would end before its first update (None if it updates), counted as the algorithm
+    counts: updates start once the replays of all ranks hold learning_starts transitions together, and a rank's
+    replay holds a transition once its n-step window is written (n_step vector steps after it)."""
+    world_size = run.distributed.nproc_per_node * run.distributed.nnodes
+    envs = run.env.num_envs * world_size  # transitions per vector step, all ranks
+    iteration = cfg.train_freq * envs
+    iterations = run.total_steps // iteration  # the loop runs whole iterations (rlrun/train.py)
+    held = max(0, (iterations * cfg.train_freq - cfg.n_step) * envs)
+    if held >= max(cfg.learning_starts, 1):
+        return None
+    needed = -(-max(cfg.learning_starts, 1) // envs) + cfg.n_step  # vector steps per rank
+    enough = -(-needed // cfg.train_freq) * iteration
+    return (
+        f"total_steps={run.total_steps} ends before the first update: the replay holds {held} transitions at the end, "
+        f"algo.learning_starts={cfg.learning_starts}; raise total_steps to {enough} or lower algo.learning_starts"
     )
 
 
@@ -216,9 +287,13 @@ class DQNConfig:
     loss: str = "mse"
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     fast: bool = True  # the accelerations of rlrun/fast/ where they apply (false runs this file's code only)
+    # A run whose total_steps ends before learning_starts is refused (it would never update); true runs it anyway,
+    # with one warning in the log (a run that only fills a replay, say).
+    allow_no_updates: bool = False
 
-    def validate(self, run: TrainConfig) -> None:
-        """Range and consistency checks against the whole run's config; UserError with one line."""
+    def validate(self, run: TrainConfig) -> list[str]:
+        """Range and consistency checks against the whole run's config; UserError with one line. Returns the
+        warnings for the run's log."""
         check(
             not (self.dueling and run.model._target_),
             "algo.dueling=true builds rlrun's dueling head; with model._target_ put it in your network instead",
@@ -227,18 +302,8 @@ class DQNConfig:
             run.model.name not in RECURRENT_MODELS,
             f"model={run.model.name} trains with algo=ppo; algo=dqn takes model=mlp or nature_cnn",
         )
-        check_replay_algorithm(self, run)
-        check(
-            self.target_update_interval >= 1, f"algo.target_update_interval={self.target_update_interval}: must be >= 1"
-        )
-        for key in ("start_e", "end_e"):
-            check(0 <= getattr(self, key) <= 1, f"algo.{key}={getattr(self, key)}: must be in [0, 1]")
-        check(
-            0 < self.exploration_fraction <= 1,
-            f"algo.exploration_fraction={self.exploration_fraction}: must be in (0, 1]",
-        )
-        check(self.max_grad_norm > 0, f"algo.max_grad_norm={self.max_grad_norm}: must be > 0")
-        check(self.loss in ("mse", "huber"), f"algo.loss={self.loss}: accepted are mse, huber")
+        check_rules(self, DQN_RULES, "algo.")
+        return check_replay_algorithm(self, run)
 
 
 @dataclass
@@ -259,18 +324,22 @@ class ContinuousControlConfig:
     adam_eps: float = 1e-8
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     fast: bool = True  # the accelerations of rlrun/fast/ where they apply (false runs the algorithm's code only)
+    # A run whose total_steps ends before learning_starts is refused (it would never update); true runs it anyway,
+    # with one warning in the log (a run that only fills a replay, say).
+    allow_no_updates: bool = False
+    RULES: ClassVar[dict[str, Rule]] = CONTINUOUS_RULES
 
-    def validate(self, run: TrainConfig) -> None:
-        """Range and consistency checks against the whole run's config; UserError with one line."""
+    def validate(self, run: TrainConfig) -> list[str]:
+        """Range and consistency checks against the whole run's config; UserError with one line. Returns the
+        warnings for the run's log."""
         name = self.name
         check(
             run.model.name == "mlp" and not run.model._target_,
             f"algo={name} builds MLP actors and critics from model.hidden_sizes and model.activation; "
             f"model={run.model.name}{' with model._target_' if run.model._target_ else ''} is not accepted",
         )
-        check_replay_algorithm(self, run)
-        # (DQN accepts 0, a run that only collects; here it would act uniformly at random throughout.)
-        check(self.gradient_steps >= 1, f"algo.gradient_steps={self.gradient_steps}: must be >= 1")
+        check_rules(self, self.RULES, "algo.")
+        return check_replay_algorithm(self, run)
 
 
 @dataclass
@@ -284,13 +353,7 @@ class SACConfig(ContinuousControlConfig):
     policy_frequency: int = 1  # critic updates per actor update (CleanRL's delay; each delay runs that many)
     target_update_interval: int = 1  # updates between target-network Polyak steps
 
-    def validate(self, run: TrainConfig) -> None:
-        super().validate(run)
-        check(self.alpha > 0, f"algo.alpha={self.alpha}: must be > 0")
-        check(self.policy_frequency >= 1, f"algo.policy_frequency={self.policy_frequency}: must be >= 1")
-        check(
-            self.target_update_interval >= 1, f"algo.target_update_interval={self.target_update_interval}: must be >= 1"
-        )
+    RULES: ClassVar[dict[str, Rule]] = SAC_RULES
 
 
 @dataclass
@@ -304,9 +367,4 @@ class TD3Config(ContinuousControlConfig):
     exploration_noise: float = 0.1  # std of the Gaussian added to the actor's actions while collecting
     target_policy_noise: float = 0.2  # std of the smoothing noise on the target actions
     target_noise_clip: float = 0.5
-
-    def validate(self, run: TrainConfig) -> None:
-        super().validate(run)
-        check(self.policy_delay >= 1, f"algo.policy_delay={self.policy_delay}: must be >= 1")
-        for key in ("exploration_noise", "target_policy_noise", "target_noise_clip"):
-            check(getattr(self, key) >= 0, f"algo.{key}={getattr(self, key)}: must be >= 0")
+    RULES: ClassVar[dict[str, Rule]] = TD3_RULES

@@ -5,7 +5,7 @@ yaml files only override. rlrun.config.store registers them with Hydra."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,21 +154,146 @@ def check(ok: bool, message: str) -> None:
         raise UserError(message)
 
 
-def validate_train(cfg: TrainConfig) -> None:
-    """Range and consistency checks that a schema cannot express. Raises UserError with one line."""
-    check(cfg.total_steps > 0, f"total_steps={cfg.total_steps}: must be > 0")
-    check(cfg.env.num_envs >= 1, f"env.num_envs={cfg.env.num_envs}: must be >= 1")
-    check(cfg.threads >= 0, f"threads={cfg.threads}: must be >= 0 (0 = one per core)")
+@dataclass(frozen=True)
+class Range:
+    """The numbers a key accepts: between `low` and `high` (either may be open or absent), and None if
+    `optional`. NaN is never accepted (every comparison with it is false)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    optional: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if self.low is not None and not (value > self.low if self.low_open else value >= self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        low, high = _number(self.low), _number(self.high)
+        if self.high is None:
+            text = f"must be {'>' if self.low_open else '>='} {low}"
+        else:
+            text = f"must be in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        return f"{text} (or null)" if self.optional else text
+
+
+def _number(x: float | None) -> str:
+    """A bound as a user reads it: 2**32 rather than 4294967296."""
+    if isinstance(x, int) and x >= 2**16 and x & (x - 1) == 0:
+        return f"2**{x.bit_length() - 1}"
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """The values a key accepts, listed."""
+
+    values: tuple[str, ...]
+
+    def accepts(self, value: Any) -> bool:
+        return value in self.values
+
+    def __str__(self) -> str:
+        return f"accepted are {', '.join(self.values)}"
+
+
+POSITIVE = Range(0, low_open=True)  # rates, scales, timeouts: > 0
+AT_LEAST_1 = Range(1)  # counts and sizes
+NON_NEGATIVE = Range(0)  # counts where 0 means none (or "one per core", "only at the end")
+PROBABILITY = Range(0, 1)
+FRACTION = Range(0, 1, low_open=True)  # (0, 1]: discounts, Polyak steps, fractions of training
+# A seed is a 32-bit unsigned integer, as numpy's np.random.seed and most envs' own seeding take it (rlrun's env
+# seeds derive from it through SeedSequence, which refuses a negative one).
+SEEDS = Range(0, 2**32, high_open=True)
+Rule = Range | OneOf
+
+# Every key of TrainConfig (outside algo, whose schema has its own table) with a range or a set of values. Keys of
+# a section that is null (env.atari for a non-Atari env) are skipped.
+TRAIN_RULES: dict[str, Rule] = {
+    "seed": SEEDS,
+    "total_steps": AT_LEAST_1,
+    "threads": NON_NEGATIVE,
+    "env.num_envs": AT_LEAST_1,
+    "env.max_episode_steps": Range(1, optional=True),
+    "env.atari.noop_max": NON_NEGATIVE,
+    "env.atari.frame_skip": AT_LEAST_1,
+    "env.atari.screen_size": AT_LEAST_1,
+    "env.atari.frame_stack": AT_LEAST_1,
+    "env.atari.repeat_action_probability": PROBABILITY,
+    "env.vector.backend": OneOf(("sync", "subproc", "ray")),
+    "env.vector.num_workers": NON_NEGATIVE,
+    "env.vector.step_timeout_s": POSITIVE,
+    "env.vector.ray_cpus_per_worker": NON_NEGATIVE,
+    "model.name": OneOf(MODELS),
+    "model.activation": OneOf(("tanh", "relu")),
+    "model.encoder": OneOf(("mlp", "nature_cnn")),
+    "model.core_size": AT_LEAST_1,
+    "model.lru_decay": OneOf(("fixed", "input")),
+    "eval.every_steps": NON_NEGATIVE,
+    "eval.episodes": AT_LEAST_1,
+    "eval.num_envs": AT_LEAST_1,
+    "checkpoint.every_steps": NON_NEGATIVE,
+    "checkpoint.keep_last": AT_LEAST_1,
+    "logging.every_steps": NON_NEGATIVE,
+    "logging.progress": OneOf(("auto", "rich", "plain", "none")),
+    "distributed.nproc_per_node": AT_LEAST_1,
+    "distributed.nnodes": AT_LEAST_1,
+    "distributed.max_restarts": NON_NEGATIVE,
+    "distributed.start_method": OneOf(("fork", "spawn")),
+}
+PLAY_RULES: dict[str, Rule] = {"episodes": AT_LEAST_1, "seed": replace(SEEDS, optional=True)}
+
+
+def check_rules(section: Any, rules: dict[str, Rule], prefix: str = "") -> None:
+    """Check each key of `rules` (a dotted path below `section`) against its rule; UserError naming the first key
+    refused, its value and what is accepted."""
+    for key, rule in rules.items():
+        value, found = section, True
+        for part in key.split("."):
+            if value is None:  # a null section: its keys are not used
+                found = False
+                break
+            value = getattr(value, part)
+        if found:
+            check(rule.accepts(value), f"{prefix}{key}={value}: {rule}")
+
+
+def check_device(device: str) -> None:
+    """The device's form (auto, cpu, cuda, cuda:N); whether the machine has it is check_device_present's."""
+    index = device.removeprefix("cuda:")
     check(
-        cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
-        f"device={cfg.device}: accepted are auto, cpu, cuda, cuda:N",
+        device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and index.isdigit()),
+        f"device={device}: accepted are auto, cpu, cuda, cuda:N",
     )
+
+
+def check_device_present(device: str, local_ranks: int = 1) -> None:
+    """A CUDA device named by `device` exists on this machine (`cuda` takes one per local rank). Imports torch: only
+    for a command that will run, never for printing a config or a typo's line."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check(count > 0, f"device={device}: this machine has no CUDA device (accepted here: auto, cpu)")
+    devices = f"{count} CUDA device{'s' if count > 1 else ''} (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
+    if ":" in device:
+        check(int(device[5:]) < count, f"device={device}: this machine has {devices}")
+    else:  # each rank on the node takes cuda:<its local rank>
+        check(local_ranks <= count, f"device=cuda with {local_ranks} ranks per node: this machine has {devices}")
+
+
+def validate_train(cfg: TrainConfig) -> list[str]:
+    """Range and consistency checks that a schema cannot express. Raises UserError with one line; returns what the
+    checks let pass but the run's log should say (an algorithm schema's validate returns such lines, or None)."""
+    check_rules(cfg, TRAIN_RULES)
+    check_device(cfg.device)
     _validate_model(cfg.model)
     v = cfg.env.vector
-    check(v.backend in ("sync", "subproc", "ray"), f"env.vector.backend={v.backend}: accepted are sync, subproc, ray")
-    check(v.num_workers >= 0, f"env.vector.num_workers={v.num_workers}: must be >= 0 (0 = one per core)")
-    check(v.step_timeout_s > 0, f"env.vector.step_timeout_s={v.step_timeout_s}: must be > 0")
-    check(v.ray_cpus_per_worker >= 0, f"env.vector.ray_cpus_per_worker={v.ray_cpus_per_worker}: must be >= 0")
     if v.backend == "ray":
         check(importlib.util.find_spec("ray") is not None, "env.vector.backend=ray needs Ray: pip install 'rlrun[ray]'")
     if v.double_buffer:
@@ -177,46 +302,29 @@ def validate_train(cfg: TrainConfig) -> None:
             v.num_workers != 1 and cfg.env.num_envs >= 2,
             "env.vector.double_buffer=true needs at least 2 workers and 2 envs",
         )
-    check(cfg.eval.episodes >= 1, f"eval.episodes={cfg.eval.episodes}: must be >= 1")
-    check(cfg.eval.num_envs >= 1, f"eval.num_envs={cfg.eval.num_envs}: must be >= 1")
-    check(cfg.checkpoint.keep_last >= 1, f"checkpoint.keep_last={cfg.checkpoint.keep_last}: must be >= 1")
-    check(
-        cfg.logging.progress in ("auto", "rich", "plain", "none"),
-        f"logging.progress={cfg.logging.progress}: accepted are auto, rich, plain, none",
-    )
-    for key in ("eval", "checkpoint", "logging"):
-        every = getattr(cfg, key).every_steps
-        check(every >= 0, f"{key}.every_steps={every}: must be >= 0")
     _validate_distributed(cfg.distributed)
-    cfg.algo.validate(cfg)
+    return list(cfg.algo.validate(cfg) or ())
 
 
 def _validate_model(m: ModelConfig) -> None:
-    check(m.name in MODELS, f"model.name={m.name}: accepted are {', '.join(MODELS)}")
-    check(m.activation in ("tanh", "relu"), f"model.activation={m.activation}: tanh or relu")
+    for size in m.hidden_sizes:
+        check(size >= 1, f"model.hidden_sizes={list(m.hidden_sizes)}: each must be >= 1")
     check(
         m._target_ is None or m.name not in RECURRENT_MODELS,
         f"model._target_ networks are feedforward; model.name={m.name} cannot go with it (leave model=mlp)",
     )
-    if m.name not in RECURRENT_MODELS:
-        return
-    check(m.shared, f"model.shared=false: {m.name} shares its encoder and core between actor and critic")
-    check(m.encoder in ("mlp", "nature_cnn"), f"model.encoder={m.encoder}: accepted are mlp, nature_cnn")
-    check(m.core_size >= 1, f"model.core_size={m.core_size}: must be >= 1")
-    check(m.lru_decay in ("fixed", "input"), f"model.lru_decay={m.lru_decay}: accepted are fixed, input")
+    if m.name in RECURRENT_MODELS:
+        check(m.shared, f"model.shared=false: {m.name} shares its encoder and core between actor and critic")
 
 
 def _validate_distributed(d: DistributedConfig) -> None:
-    check(d.nproc_per_node >= 1, f"distributed.nproc_per_node={d.nproc_per_node}: must be >= 1")
-    check(d.nnodes >= 1, f"distributed.nnodes={d.nnodes}: must be >= 1")
     check(0 <= d.node_rank < d.nnodes, f"distributed.node_rank={d.node_rank}: must be in [0, nnodes)")
     check(
         d.nnodes == 1 or ":" in d.rdzv_endpoint,
         "distributed.nnodes > 1 needs distributed.rdzv_endpoint=HOST:PORT (node 0's address)",
     )
-    check(d.max_restarts >= 0, f"distributed.max_restarts={d.max_restarts}: must be >= 0")
-    check(d.start_method in ("fork", "spawn"), f"distributed.start_method={d.start_method}: fork or spawn")
 
 
 def validate_play(cfg: PlayConfig) -> None:
-    check(cfg.episodes >= 1, f"episodes={cfg.episodes}: must be >= 1")
+    check_rules(cfg, PLAY_RULES)
+    check_device(cfg.device)

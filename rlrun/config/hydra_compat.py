@@ -14,9 +14,9 @@ from hydra._internal.core_plugins.structured_config_source import (
 from hydra._internal.sources_registry import SourcesRegistry
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, IntegerNode, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 COMPOSITION_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
@@ -51,6 +51,21 @@ def read_config_store_live() -> None:
 
 def parse_overrides(overrides: list[str]) -> list[Override]:
     return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def override_values(override: Override) -> list:
+    """The values an override gives its key, as the override parser types them (1e6 is a float): one, or each of a
+    sweep of choices (a=1,2); a range or interval sweep gives its sweep object, left to the sweeper."""
+    value = override.value()
+    return list(value.list) if isinstance(value, ChoiceSweep) else [value]
+
+
+def integer_key(cfg: DictConfig, key: str) -> bool:
+    """Whether the dotted `key` of a composed structured config is an int (or optional int) field of its schema:
+    the node type says so even where the value is null."""
+    parent, _, leaf = key.rpartition(".")
+    section = OmegaConf.select(cfg, parent) if parent else cfg
+    return isinstance(section, DictConfig) and leaf in section and isinstance(section._get_node(leaf), IntegerNode)
 
 
 def error_line(ex: Exception, defaults: DictConfig) -> str:

@@ -5,6 +5,7 @@ threads of parallel sweep jobs."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -14,10 +15,25 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
-from rlrun.config import CONF_DIR, TrainConfig, validate_play, validate_train
-from rlrun.config.hydra_compat import COMPOSITION_ERRORS, args_parser, error_line, null_parent_line, parse_overrides
+from rlrun.config import CONF_DIR, TrainConfig, check_device_present, validate_play, validate_train
+from rlrun.config.hydra_compat import (
+    COMPOSITION_ERRORS,
+    args_parser,
+    error_line,
+    integer_key,
+    null_parent_line,
+    override_values,
+    parse_overrides,
+    runs_nothing,
+)
 from rlrun.config.store import GROUPS, from_yaml
 from rlrun.errors import UserError
+
+log = logging.getLogger("rlrun")
+
+# What the pre-flight's env check (gymnasium's passive env checker) said of each env id, for the run's log: the
+# pre-flight runs before the run folder and its log exist; train_config, in the same process, logs them there.
+ENV_CHECK_WARNINGS: dict[str, list[str]] = {}
 
 
 def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
@@ -28,7 +44,13 @@ def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict
     state = load_checkpoint(resume)
     typed = replace(from_yaml(state["config"], overrides), resume=resume)
     validate_train(typed)
+    check_device_present(typed.device, typed.distributed.nproc_per_node)
     return typed, state
+
+
+def _log_warnings(typed: TrainConfig) -> None:
+    for line in [*validate_train(typed), *ENV_CHECK_WARNINGS.get(typed.env.id, [])]:
+        log.warning(line)
 
 
 def train_config(
@@ -43,8 +65,10 @@ def train_config(
         found = list_checkpoints(run_dir / "checkpoints")
         typed = replace(typed, resume=str(found[-1]) if found else None if typed.resume == "auto" else typed.resume)
     if typed.resume is not None:
-        return resumed_config(typed.resume, overrides)
-    validate_train(typed)
+        typed, state = resumed_config(typed.resume, overrides)
+        _log_warnings(typed)
+        return typed, state
+    _log_warnings(typed)
     return typed, None
 
 
@@ -110,11 +134,16 @@ def preflight(command: str, args: list[str]) -> list[str]:
     if parsed.help or parsed.hydra_help or parsed.info or parsed.shell_completion:
         return args
     overrides = list(parsed.overrides)
+    runs = not runs_nothing(args)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         try:
             combos = _combinations(overrides)
         except COMPOSITION_ERRORS as e:
             raise UserError(f"cannot parse overrides: {' '.join(str(e).splitlines()[:2])}") from e
+        exact = _exact_integers(command, overrides)
+        if exact != overrides:
+            args = [exact[overrides.index(a)] if a in overrides else a for a in args]
+            overrides, combos = exact, _combinations(exact)
         for combo in combos:
             try:
                 cfg = compose(command, overrides=combo)
@@ -131,25 +160,58 @@ def preflight(command: str, args: list[str]) -> list[str]:
             if unknown:
                 raise UserError(f"unknown key '{unknown[0]}' (added with +); the schema has no such key")
             if command == "train":
-                _preflight_train(typed)
+                _preflight_train(typed, runs)
             else:
                 validate_play(typed)
+                if runs:  # a bad checkpoint or device ends here, before Hydra makes the play's run folder
+                    from rlrun.checkpoint import load_checkpoint
+
+                    check_device_present(typed.device)
+                    load_checkpoint(typed.checkpoint)
     if command == "train":
         return _resume_args(overrides, args)
     return args
 
 
-def _preflight_train(typed: TrainConfig) -> None:
-    from rlrun.envs import check_action_space, check_env_id, env_spaces, import_env_modules
+def _exact_integers(command: str, overrides: list[str]) -> list[str]:
+    """The overrides with each float given to an integer key written as that integer when it is one (total_steps=1e6
+    is total_steps=1000000, in the run folder's .hydra/ too; OmegaConf refuses any float for an int); one line for
+    one that is not (total_steps=1.5). Sweeps of choices are converted value by value."""
+    reference = None
+    exact = []
+    for o in parse_overrides(overrides):
+        values = override_values(o)
+        if not any(isinstance(v, float) for v in values):
+            exact.append(o.input_line)
+            continue
+        if reference is None:
+            reference = _reference(command, overrides)
+        if not integer_key(reference, o.key_or_group):
+            exact.append(o.input_line)
+            continue
+        for v in values:
+            if isinstance(v, float) and not v.is_integer():
+                raise UserError(f"{o.input_line}: must be an integer (100000 or 1e5)")
+        written = ",".join(str(int(v)) if isinstance(v, float) else str(v) for v in values)
+        exact.append(f"{o.input_line.split('=', 1)[0]}={written}")
+    return exact
+
+
+def _preflight_train(typed: TrainConfig, runs: bool) -> None:
+    from rlrun.envs import check_action_space, check_env_id, env_spaces, import_env_modules, third_party
 
     if typed.resume in (None, "auto"):  # auto: the command line's config is checked (its checkpoint's, when found)
         validate_train(typed)
+        if runs:
+            check_device_present(typed.device, typed.distributed.nproc_per_node)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
         entry, user_network = ALGORITHMS[typed.algo.name], typed.model._target_ is not None
-        if not (entry.actions or user_network):
+        check_env = runs and third_party(typed.env.id) and typed.env.id not in ENV_CHECK_WARNINGS
+        if not (entry.actions or user_network or check_env):
             return
-        obs_space, action_space = env_spaces(typed.env)  # one env built, for both checks
+        found = ENV_CHECK_WARNINGS.setdefault(typed.env.id, []) if check_env else None
+        obs_space, action_space = env_spaces(typed.env, found)  # one env built, for every check
         if entry.actions:
             check_action_space(action_space, entry.actions, typed.env.id, typed.algo.name)
         if user_network:  # the user's network, built and run once on sample observations

@@ -7,7 +7,9 @@ import difflib
 import importlib
 import logging
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -75,12 +77,37 @@ def check_env_id(env_id: str) -> None:
     raise UserError(f"unknown env id '{env_id}'{hint}")
 
 
-def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
-    """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied)."""
-    env = make_env(cfg, train=False)()
+def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tuple[gym.Space, gym.Space]:
+    """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied). Given
+    a list, the env also goes through gymnasium's passive env checker (built, reset and stepped once), and the list
+    gets each of its warnings as one line; an API violation it asserts is a UserError."""
+    if checker_warnings is None:
+        env = make_env(cfg, train=False)()
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                env = make_env(cfg, train=False, check=True)()
+                env.reset(seed=0)
+                env.step(env.action_space.sample())
+            except AssertionError as e:
+                raise UserError(f"env {cfg.id} fails gymnasium's env checker: {str(e).splitlines()[0]}") from e
+        for w in caught:  # gymnasium's logger.warn: "WARN: ..." in terminal colours; the env's own warnings recur
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(w.message)).strip()
+            line = f"env {cfg.id}: gymnasium's env checker: {text.removeprefix('WARN: ')}"
+            if text.startswith("WARN: ") and line not in checker_warnings:
+                checker_warnings.append(line)
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
+
+
+def third_party(env_id: str) -> bool:
+    """Whether the env comes from outside gymnasium's own envs, ale-py and rlrun (which rlrun's tests run): a user's
+    or another package's, which the pre-flight puts through gymnasium's env checker once."""
+    entry = gym.spec(env_id).entry_point
+    module = entry.split(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "")
+    return not module.startswith(("gymnasium.envs.", "ale_py", "rlrun."))
 
 
 def check_action_space(space: gym.Space, kind: str, env_id: str, algo: str) -> None:
@@ -134,11 +161,13 @@ class ClipToBounds(gym.ActionWrapper):
 
 
 def make_env(
-    cfg: EnvConfig, train: bool, render_mode: str | None = None, seed: int | None = None
+    cfg: EnvConfig, train: bool, render_mode: str | None = None, seed: int | None = None, check: bool = False
 ) -> Callable[[], gym.Env]:
     """A thunk building one env. `train` turns on the training-only Atari wrappers (life loss, reward clip).
     `seed`, when known, is the seed of the env's first reset: ALE games take it while they are made, so that reset
-    need not load the game a second time (rlrun/envs/atari_seeded.py).
+    need not load the game a second time (rlrun/envs/atari_seeded.py). `check` keeps gymnasium's passive env
+    checker, which the pre-flight runs once (env_spaces); every env a run steps goes without it, so its warnings
+    are not repeated by every env of every rank.
 
     RecordEpisodeStatistics sits below them, so logged returns are raw game scores over whole games. For ALE
     games the time limit (env.max_episode_steps, in agent steps) sits on the preprocessing, which makes each
@@ -150,7 +179,7 @@ def make_env(
 
     def thunk() -> gym.Env:
         _route_mujoco_warnings(cfg.id)
-        kwargs = dict(cfg.kwargs)
+        kwargs = dict(cfg.kwargs, disable_env_checker=not check)
         if atari is not None:
             kwargs.update(frameskip=1, repeat_action_probability=atari.repeat_action_probability)
         if render_mode is not None:  # not passed otherwise: users' envs need not accept it
