@@ -84,6 +84,9 @@ class EvalConfig:
     episodes: int = 20
     num_envs: int = 10
     deterministic: bool = True
+    # Agent steps an evaluation episode may last (an env's own shorter limit stays): 27,000 is the standard Atari
+    # protocol's 108,000 frames (Machado et al. 2018) at frame_skip 4. null: only the env's own limit.
+    max_episode_steps: int | None = 27_000
 
 
 @dataclass
@@ -96,6 +99,7 @@ class CheckpointConfig:
 class LoggingConfig:
     every_steps: int = 5_000
     progress: str = "auto"  # auto (rich on a terminal, plain lines otherwise) | rich | plain | none
+    every_seconds: float = 15.0  # plain: a progress line at least this often, whatever every_steps is
     tensorboard: bool = True
 
 
@@ -177,6 +181,9 @@ def validate_train(cfg: TrainConfig) -> None:
         )
     check(cfg.eval.episodes >= 1, f"eval.episodes={cfg.eval.episodes}: must be >= 1")
     check(cfg.eval.num_envs >= 1, f"eval.num_envs={cfg.eval.num_envs}: must be >= 1")
+    cap = cfg.eval.max_episode_steps
+    check(cap is None or cap >= 1, f"eval.max_episode_steps={cap}: must be >= 1 (or null: the env's own limit)")
+    check(cfg.logging.every_seconds > 0, f"logging.every_seconds={cfg.logging.every_seconds}: must be > 0")
     check(cfg.checkpoint.keep_last >= 1, f"checkpoint.keep_last={cfg.checkpoint.keep_last}: must be >= 1")
     check(
         cfg.logging.progress in ("auto", "rich", "plain", "none"),

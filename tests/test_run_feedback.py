@@ -1,0 +1,82 @@
+"""What a run tells its user, through the real CLI: progress lines by time and an evaluation that says what it does
+and stops at its step cap (an env that never ends), a sweep that names its folder, play's own help, its log and
+its videos."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import rlrun
+
+ENDLESS = (
+    "import time\n"
+    "import gymnasium as gym\n"
+    "import numpy as np\n"
+    "class Endless(gym.Env):\n"
+    "    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)\n"
+    "    action_space = gym.spaces.Discrete(2)\n"
+    "    def reset(self, *, seed=None, options=None):\n"
+    "        super().reset(seed=seed)\n"
+    "        return np.zeros(2, np.float32), {}\n"
+    "    def step(self, action):\n"
+    "        time.sleep(0.001)  # slow enough that a run of a few thousand steps lasts seconds\n"
+    "        return np.zeros(2, np.float32), 0.0, False, False, {}\n"
+    "gym.register('Endless-v0', entry_point=Endless)\n"
+)
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]\[rlrun\]\[INFO\] (.*)$")
+
+
+def _log_lines(path: Path) -> list[tuple[float, str]]:
+    """(seconds, message) of the rlrun lines of a run's train.log."""
+    lines = []
+    for line in path.read_text().splitlines():
+        m = STAMP.match(line)
+        if m:
+            lines.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), m.group(2)))
+    return lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_progress_by_time_and_an_endless_env_evaluated_to_its_cap(tmp_path):
+    """Off a terminal, with a metrics interval longer than the run: a progress line every logging.every_seconds;
+    an evaluation of an agent that never ends an episode announces itself, says each episode hit the cap, and
+    ends; the run's SPS leaves the evaluation's seconds out."""
+    (tmp_path / "endless.py").write_text(ENDLESS)
+    run = tmp_path / "run"
+    out = rlrun(
+        "train",
+        "env.id=Endless-v0",
+        "env.imports=[endless]",
+        "env.num_envs=4",
+        "algo.num_steps=32",
+        "total_steps=2048",
+        "logging.every_steps=1000000",
+        "logging.every_seconds=1",
+        "eval.every_steps=0",
+        "eval.episodes=4",
+        "eval.num_envs=2",
+        "eval.max_episode_steps=300",
+        f"hydra.run.dir={run}",
+        cwd=tmp_path,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "evaluating 4 episodes on 2 envs, at most 300 steps each" in out.stdout
+    assert "eval: 4 of 4 episodes hit the 300-step cap" in out.stdout
+    lines = _log_lines(run / "train.log")
+    training = [t for t, m in lines if m.startswith("env_steps=") and "%" in m]
+    assert len(training) >= 2, out.stdout  # no metrics line is due before the end: these are the time's
+    start = next(t for t, m in lines if m.startswith("run folder"))
+    end = next(t for t, m in lines if m.startswith("evaluating"))
+    times = [start, *training, end]
+    assert max(b - a for a, b in zip(times, times[1:])) < 1 + 3  # every second, with an iteration's slack
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval_episodes"] == 4 and summary["eval_seconds"] > 0
+    # SPS is training's: its time is the wall time less the evaluation's (and the start-up and final save).
+    assert summary["env_steps"] / summary["sps"] <= summary["wall_seconds"] - summary["eval_seconds"] + 0.01
