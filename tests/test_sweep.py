@@ -34,6 +34,10 @@ def run_sweep(tmp_path: Path, *args: str) -> Path:
     sweep = tmp_path / "sweep"
     out = rlrun("train", "-m", *args, *SHORT, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
+    # The folder `rlrun report` reads, at the start and the end; no plugin's setup noise (Optuna's alembic).
+    assert out.stdout.startswith(f"sweep folder: {sweep}\n"), out.stdout[:500]
+    assert out.stdout.endswith(f"sweep done; report with: rlrun report {sweep}\n"), out.stdout[-500:]
+    assert "setup plugin" not in out.stdout
     return sweep
 
 
