@@ -80,3 +80,44 @@ def test_progress_by_time_and_an_endless_env_evaluated_to_its_cap(tmp_path):
     assert summary["eval_episodes"] == 4 and summary["eval_seconds"] > 0
     # SPS is training's: its time is the wall time less the evaluation's (and the start-up and final save).
     assert summary["env_steps"] / summary["sps"] <= summary["wall_seconds"] - summary["eval_seconds"] + 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_play_has_its_own_help_logs_its_table_and_writes_one_whole_video_per_episode(tmp_path):
+    help_ = rlrun("play", "--help", cwd=tmp_path)
+    assert help_.returncode == 0 and "checkpoint: ???" in help_.stdout and "env:\n  id: null" in help_.stdout
+    assert not re.search(r"^(algo|env|model|tuned|sweep): ", help_.stdout, re.M), help_.stdout  # training's groups
+    run = tmp_path / "run"
+    train = rlrun(
+        "train", "total_steps=256", "eval.episodes=1", "logging.progress=none", f"hydra.run.dir={run}", cwd=tmp_path
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    refused = rlrun("play", f"checkpoint={run}", "env=pendulum", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "env.id=ID" in refused.stderr
+    other = rlrun("play", f"checkpoint={run}", "env.id=Acrobot-v1", cwd=tmp_path)
+    assert other.returncode == 2 and "env.id=Acrobot-v1: its spaces differ from those of CartPole-v1" in other.stderr
+
+    folder = tmp_path / "play"
+    out = rlrun(
+        "play",
+        f"checkpoint={run}",
+        "episodes=2",
+        "video=true",
+        "env.id=CartPole-v0",
+        f"hydra.run.dir={folder}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "XDG_RUNTIME_DIR" not in out.stdout + out.stderr and "pygame" not in out.stdout + out.stderr
+    log = (folder / "play.log").read_text()
+    assert "CartPole-v0: 256 env steps of ppo" in log and "mean" in log  # what play printed, the table too
+    from moviepy import VideoFileClip
+
+    videos = sorted((folder / "videos").glob("*.mp4"))
+    assert len(videos) == 2, videos
+    for video in videos:
+        clip = VideoFileClip(str(video))
+        frames = clip.n_frames
+        clip.close()
+        assert frames > 1, video

@@ -140,6 +140,13 @@ class TrainConfig:
 
 
 @dataclass
+class PlayEnvConfig:
+    # Another env than the checkpoint's, with the same observation and action spaces (say another ALE game with as
+    # many actions); its other settings stay the checkpoint's. null: the checkpoint's env.
+    id: str | None = None
+
+
+@dataclass
 class PlayConfig:
     checkpoint: str = MISSING  # a checkpoint file or a run folder (its latest checkpoint)
     episodes: int = 10
@@ -148,6 +155,7 @@ class PlayConfig:
     render: bool = False  # a window (needs a display)
     video: bool = False  # mp4 files in the play run folder (needs the video extra)
     device: str = "cpu"
+    env: PlayEnvConfig = field(default_factory=PlayEnvConfig)
 
 
 def check(ok: bool, message: str) -> None:

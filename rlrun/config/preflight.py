@@ -110,6 +110,8 @@ def preflight(command: str, args: list[str]) -> list[str]:
     if parsed.help or parsed.hydra_help or parsed.info or parsed.shell_completion:
         return args
     overrides = list(parsed.overrides)
+    if command == "play":
+        _no_training_choices(overrides)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         try:
             combos = _combinations(overrides)
@@ -137,6 +139,17 @@ def preflight(command: str, args: list[str]) -> list[str]:
     if command == "train":
         return _resume_args(overrides, args)
     return args
+
+
+def _no_training_choices(overrides: list[str]) -> None:
+    """play runs the checkpoint's algo, model and env: a config group choice (env=pendulum) is training's."""
+    for override in overrides:
+        group = override.split("=", 1)[0].lstrip("+~")
+        if group in GROUPS:
+            raise UserError(
+                f"'{override}': play runs the checkpoint's {group}; to play another env with the same spaces, "
+                "give env.id=ID"
+            )
 
 
 def _preflight_train(typed: TrainConfig) -> None:
