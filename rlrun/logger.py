@@ -94,7 +94,7 @@ class RunLogger:
 
     def eval_started(self, episodes: int, num_envs: int, cap: int | None) -> None:
         limit = "" if cap is None else f", at most {cap:,} steps each"
-        self.info("evaluating %d episodes on %d envs%s", episodes, num_envs, limit)
+        self.info("evaluating %s on %s%s", _count(episodes, "episode"), _count(num_envs, "env"), limit)
         self._eval = (episodes, time.monotonic())
         if self.bar is not None:
             self.eval_task = self.bar.add_task("eval", total=episodes, info="")
@@ -121,7 +121,7 @@ class RunLogger:
         if capped:
             limit = f"{cap:,}-step cap (eval.max_episode_steps)"
             self.info("eval: %d of %d episodes hit the %s", capped, episodes, limit)
-        self.info("eval: %d episodes in %.1f s", episodes, seconds)
+        self.info("eval: %s in %.1f s", _count(episodes, "episode"), seconds)
 
     def log(self, env_steps: int, metrics: dict[str, float]) -> None:
         """One log interval: a jsonl line, TensorBoard scalars and, without a bar, a console line."""
@@ -187,6 +187,10 @@ _CONSOLE_KEYS = (
     "losses/approx_kl",
     "losses/entropy",
 )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _fmt(v: float) -> str:
