@@ -121,3 +121,31 @@ def test_play_has_its_own_help_logs_its_table_and_writes_one_whole_video_per_epi
         frames = clip.n_frames
         clip.close()
         assert frames > 1, video
+
+
+def test_run_episodes_stopped_early_returns_the_finished_episodes_in_order():
+    """should_stop (the hook a stop signal uses) ends the episodes at once; what finished is kept in episode order,
+    the same episodes a full run gives first."""
+    import numpy as np
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from rlrun.config import EnvConfig
+    from rlrun.envs import make_env
+    from rlrun.evaluation import run_episodes
+
+    def episodes(should_stop=None):
+        envs = SyncVectorEnv([make_env(EnvConfig(), train=False)] * 3, autoreset_mode=AutoresetMode.SAME_STEP)
+        act = lambda obs, starts: (obs[:, 2] > 0).astype(np.int64)  # noqa: E731  (push towards the pole's lean)
+        try:
+            return run_episodes(envs, act, 9, [1, 2, 3], should_stop)
+        finally:
+            envs.close()
+
+    full_returns, full_lengths = episodes()
+    assert len(full_returns) == 9
+    assert len(episodes(lambda: True)[0]) == 0  # stopped before any step: nothing finished
+    calls = iter(range(10**6))
+    stop_at = int(full_lengths[:3].max()) + 1  # every env finished its first episode by then
+    returns, lengths = episodes(lambda: next(calls) >= stop_at)
+    assert 3 <= len(returns) < 9 and set(lengths[:3]) <= set(full_lengths)
+    assert list(lengths[:3]) == list(full_lengths[:3])
