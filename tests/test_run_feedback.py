@@ -75,7 +75,7 @@ def test_progress_by_time_and_an_endless_env_evaluated_to_its_cap(tmp_path):
     start = next(t for t, m in lines if m.startswith("run folder"))
     end = next(t for t, m in lines if m.startswith("evaluating"))
     times = [start, *training, end]
-    assert max(b - a for a, b in zip(times, times[1:])) < 1 + 3  # every second, with an iteration's slack
+    assert max(b - a for a, b in zip(times, times[1:])) < 1 + 6  # every second, with an iteration's slack (or a few)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval_episodes"] == 4 and summary["eval_seconds"] > 0
     # SPS is training's: its time is the wall time less the evaluation's (and the start-up and final save).
@@ -83,7 +83,7 @@ def test_progress_by_time_and_an_endless_env_evaluated_to_its_cap(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_play_has_its_own_help_logs_its_table_and_writes_one_whole_video_per_episode(tmp_path):
     help_ = rlrun("play", "--help", cwd=tmp_path)
     assert help_.returncode == 0 and "checkpoint: ???" in help_.stdout and "env:\n  id: null" in help_.stdout
