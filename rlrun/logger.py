@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -28,9 +29,11 @@ class RunLogger:
         progress: str,
         tensorboard: bool,
         history: Path | None = None,
+        every_seconds: float = 15.0,
     ):
         """`history`: the metrics.jsonl of the run this one continues in another folder (its lines up to
-        start_steps open this run's file, so it reads as one run)."""
+        start_steps open this run's file, so it reads as one run). `every_seconds`: without a bar, the longest
+        time between two console lines while training or evaluating, whatever the metrics interval."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         if history is not None and history.exists():
@@ -43,6 +46,9 @@ class RunLogger:
             progress = "rich" if sys.stdout.isatty() else "plain"
         self.mode = progress
         self.bar = None
+        self.total_steps, self.every_seconds = total_steps, every_seconds
+        self._last_line = time.monotonic()  # of the last console line without a bar
+        self._eval: tuple[int, float] | None = None  # an evaluation under way: (its episodes, its start)
         self._swapped: list[tuple[logging.Handler, logging.Handler]] = []
         if progress == "rich":
             self._start_bar(total_steps, start_steps)
@@ -50,7 +56,7 @@ class RunLogger:
     def _start_bar(self, total_steps: int, start_steps: int) -> None:
         console = Console()
         self.bar = Progress(
-            TextColumn("[bold]train"),
+            TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"),
@@ -73,6 +79,49 @@ class RunLogger:
         if self.bar is not None:
             ret = "" if recent_return is None else f"return {recent_return:8.2f}"
             self.bar.update(self.task, completed=env_steps, info=f"{sps:7.0f} sps  {ret}")
+        elif self.mode == "plain" and self._due():
+            ret = "" if recent_return is None else f" return={recent_return:.4g}"
+            done = env_steps / self.total_steps if self.total_steps else 1.0
+            log.info("env_steps=%d/%d (%.0f%%) sps=%.0f%s", env_steps, self.total_steps, 100 * done, sps, ret)
+
+    def _due(self) -> bool:
+        """Whether a plain progress line is due (and, if so, from now the next one counts)."""
+        now = time.monotonic()
+        if now - self._last_line < self.every_seconds:
+            return False
+        self._last_line = now
+        return True
+
+    def eval_started(self, episodes: int, num_envs: int, cap: int | None) -> None:
+        limit = "" if cap is None else f", at most {cap:,} steps each"
+        self.info("evaluating %s on %s%s", _count(episodes, "episode"), _count(num_envs, "env"), limit)
+        self._eval = (episodes, time.monotonic())
+        if self.bar is not None:
+            self.eval_task = self.bar.add_task("eval", total=episodes, info="")
+        self._last_line = time.monotonic()
+
+    def eval_progress(self, episodes_done: int, env_steps: int) -> None:
+        """Called after every step of the eval envs: the bar on a terminal, a line every every_seconds elsewhere."""
+        if self._eval is None:
+            return
+        if self.bar is not None:
+            self.bar.update(self.eval_task, completed=episodes_done, info=f"{env_steps:,} env steps")
+        elif self.mode == "plain" and self._due():
+            episodes, start = self._eval
+            elapsed = time.monotonic() - start
+            eta = f", about {elapsed / episodes_done * (episodes - episodes_done):.0f} s left" if episodes_done else ""
+            log.info("eval: %d/%d episodes, %d env steps, %.0f s%s", episodes_done, episodes, env_steps, elapsed, eta)
+
+    def eval_finished(self, episodes: int, seconds: float, capped: int, cap: int | None) -> None:
+        """Ends the evaluation's progress, and says so when episodes ran into the cap (an agent that never ends an
+        episode, such as an untrained one that never serves in an Atari game, plays each one to it)."""
+        self._eval = None
+        if self.bar is not None:
+            self.bar.remove_task(self.eval_task)
+        if capped:
+            limit = f"{cap:,}-step cap (eval.max_episode_steps)"
+            self.info("eval: %d of %d episodes hit the %s", capped, episodes, limit)
+        self.info("eval: %s in %.1f s", _count(episodes, "episode"), seconds)
 
     def log(self, env_steps: int, metrics: dict[str, float]) -> None:
         """One log interval: a jsonl line, TensorBoard scalars and, without a bar, a console line."""
@@ -87,6 +136,7 @@ class RunLogger:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, value, env_steps)
         if self.mode == "plain":
+            self._last_line = time.monotonic()
             shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if k in _CONSOLE_KEYS)
             log.info("env_steps=%d %s", env_steps, shown)
 
@@ -119,6 +169,9 @@ class RunLogger:
 
 class NullLogger:
     def progress(self, *args: object) -> None: ...
+    def eval_started(self, *args: object) -> None: ...
+    def eval_progress(self, *args: object) -> None: ...
+    def eval_finished(self, *args: object) -> None: ...
     def log(self, *args: object) -> None: ...
     def info(self, *args: object) -> None: ...
     def error(self, *args: object) -> None: ...
@@ -134,6 +187,10 @@ _CONSOLE_KEYS = (
     "losses/approx_kl",
     "losses/entropy",
 )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _fmt(v: float) -> str:

@@ -36,6 +36,9 @@ IGNORED = ("seed=", "hydra.", "hydra/", "+sweep=")  # no part of what a group is
 ENV_CHOICE = ("env=", "env.id=")  # the env's panel and table name it already
 DEFAULTS = "defaults"  # the label of a group with no override of its own
 SEED, REPS = 0, 2000  # the bootstrap's: the same runs give the same report
+# Fewer runs than this make a bootstrap interval (and a probability of improvement) look far surer than it is:
+# rliable's guidance is 5-10 runs per group (Agarwal et al. 2021). Below it the report shows no interval.
+MIN_RUNS = 5
 log = logging.getLogger("rlrun")
 
 
@@ -206,7 +209,13 @@ def _num(value: float, fmt: str = "{:.2f}") -> str:
 def _iqm_cell(row: dict) -> str:
     if row["scored"] == 1:
         return f"{row['iqm']:.2f} (1 run: no CI)"
+    if 1 < row["scored"] < MIN_RUNS:
+        return f"{row['iqm']:.2f} ({_too_few(row['scored'])})"
     return "-" if row["scored"] == 0 else f"{row['iqm']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+
+
+def _too_few(n: int) -> str:
+    return f"n={n}: interval not meaningful"
 
 
 COLUMNS = ("group", "runs", "failed", "IQM [95% CI]", "mean", "median", "best", "steps", "wall s", "SPS")
@@ -319,6 +328,19 @@ def _compare_line(c: Comparison) -> str:
     )
 
 
+def _compare_warning(c: Comparison) -> str | None:
+    """A warning when a side has fewer than MIN_RUNS runs on an env: P(A > B) from 3 runs against 3 can read 1.00
+    with an interval of [1.00, 1.00]."""
+    few = [row for row in c.per_env if min(row["runs_a"], row["runs_b"]) < MIN_RUNS]
+    if not few:
+        return None
+    where = ", ".join(f"{row['env']}: {row['runs_a']} vs {row['runs_b']}" for row in few)
+    return (
+        f"warning: fewer than {MIN_RUNS} runs a side ({where}): this probability and its interval are not "
+        f"meaningful; rliable's guidance is 5-10 runs per group"
+    )
+
+
 def _pyplot():
     try:
         import matplotlib
@@ -348,7 +370,7 @@ def curves_figure(groups: list[Group], metric: str, x: str = "steps"):
 
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
-    legend = {id(g): f"{textwrap.fill(g.label, 60)} (n={len(c)})" for m in panels.values() for g, c in m}
+    legend = {id(g): f"{textwrap.fill(g.label, 60)} ({_legend_n(len(c))})" for m in panels.values() for g, c in m}
     # Each row is as tall as its axes plus its tallest legend, so that a long legend does not squash the axes.
     lines = [sum(legend[id(g)].count("\n") + 1 for g, _ in members) for members in panels.values()]
     heights = [3.2 + 0.2 * max(lines[r * cols : (r + 1) * cols]) for r in range(rows)]
@@ -368,7 +390,9 @@ def curves_figure(groups: list[Group], metric: str, x: str = "steps"):
             rng = np.random.default_rng(SEED)
             low, high = bootstrap_ci([ys], lambda s: interquartile_mean(s, axis=1), rng, REPS)
             color = colors.setdefault(g.label, f"C{len(colors) % 10}")
-            if len(grid) == 1:
+            if len(curves) < MIN_RUNS:  # the IQM alone: a band over so few runs would claim what they cannot show
+                ax.plot(grid, center, "o" if len(grid) == 1 else "-", color=color, label=legend[id(g)])
+            elif len(grid) == 1:
                 yerr = [center - low, high - center]
                 ax.errorbar(grid, center, yerr=yerr, fmt="o", color=color, capsize=4, label=legend[id(g)])
             else:
@@ -377,7 +401,7 @@ def curves_figure(groups: list[Group], metric: str, x: str = "steps"):
         algos = sorted({r.algo for g, _ in members for r in g.runs})
         ax.set_title(f"{env_id} ({', '.join(algos)})")
         ax.set_xlabel("env steps" if x == "steps" else "wall seconds (at each run's mean SPS)")
-        ax.set_ylabel(f"{'eval' if metric == 'eval' else 'training episode'} return: IQM, 95% CI")
+        ax.set_ylabel(f"{'eval' if metric == 'eval' else 'training episode'} return: IQM, 95% CI (n >= {MIN_RUNS})")
         ax.grid(alpha=0.3)
         # Below the axes' tick labels and x label, however tall the axes end up.
         below = offset_copy(ax.transAxes, fig=fig, y=-38, units="points")
@@ -385,6 +409,10 @@ def curves_figure(groups: list[Group], metric: str, x: str = "steps"):
     for ax in axes.flat[len(panels) :]:
         fig.delaxes(ax)
     return fig
+
+
+def _legend_n(n: int) -> str:
+    return f"n={n}" if n >= MIN_RUNS or n == 1 else _too_few(n)
 
 
 def profile_figure(c: Comparison):
@@ -433,7 +461,8 @@ def write_markdown(
         f"# rlrun report: {', '.join(str(r) for r in roots)}",
         "",
         f"Final {metric} return of the completed runs per group of seeds. IQM: interquartile mean; 95% CI: "
-        f"percentile interval of a bootstrap over the runs ({REPS} resamples, seed {SEED}).",
+        f"percentile interval of a bootstrap over the runs ({REPS} resamples, seed {SEED}), shown for groups of at "
+        f"least {MIN_RUNS} runs (rliable's guidance: 5-10); over fewer it would look far surer than it is.",
     ]
     for env_id in dict.fromkeys(g.env_id for g in groups):
         lines += ["", f"## {env_id}", ""]
@@ -454,6 +483,8 @@ def write_markdown(
         lines += ["", "</details>"]
     if comparison is not None:
         lines += ["", "## Comparison", "", _compare_line(comparison), ""]
+        warning = _compare_warning(comparison)
+        lines += [f"**{warning}**", ""] if warning else []
         lines += ["| " + " | ".join(COMPARE_COLUMNS) + " |", "|" + "---|" * len(COMPARE_COLUMNS)]
         lines += ["| " + " | ".join(_compare_cells(row)) + " |" for row in comparison.per_env]
     problems = [r for g in groups for r in g.runs if r.status != "completed"]
@@ -488,6 +519,9 @@ def _print_tables(console: Console, groups: list[Group], rows: list[dict], metri
 
 def _print_comparison(console: Console, c: Comparison) -> None:
     console.print(_compare_line(c))
+    warning = _compare_warning(c)
+    if warning:
+        console.print(warning, style="bold yellow")
     table = Table()
     for column in COMPARE_COLUMNS:
         table.add_column(column, justify="left" if column == "env" else "right")

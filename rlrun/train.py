@@ -4,6 +4,7 @@ collect -> update -> log -> evaluate -> save until total_steps, and write the su
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -37,6 +38,8 @@ from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import list_checkpoints, run_dir_of
+
+log = logging.getLogger("rlrun")
 
 
 class StopNow(KeyboardInterrupt):
@@ -206,11 +209,13 @@ def train(
         torch.backends.cudnn.benchmark = False
     # Env workers fork here, before the process group starts gloo's threads and before any threaded torch
     # op (and TensorBoard's writer thread): a fork after those can hang the child.
+    _announce_envs(cfg, ctx)
     envs = make_vector_env(cfg.env, cfg.env.num_envs, True, env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))
     # What only the main rank does is decided here, once, by which objects it gets.
     evaluator = Evaluator(cfg, ctx.device) if ctx.is_main else NullEvaluator()
     start_steps = resume_state["env_steps"] if resume_state else 0
     logger = _logger(cfg, ctx, run_dir, start_steps, resume_state) if ctx.is_main else NullLogger()
+    evaluator.logger = logger  # only now: the bar's thread must not run while eval workers fork
     checkpointer = (
         Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
@@ -318,7 +323,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
             before, env_steps, iteration = env_steps, env_steps + steps, iteration + 1
             episodes_log.add(collected["episode_returns"], collected["episode_lengths"])
             recent.extend(collected["episode_returns"].tolist())
-            sps = (env_steps - start_steps) / (time.perf_counter() - start_time)
+            sps = (env_steps - start_steps) / (time.perf_counter() - start_time - evaluator.seconds)
             logger.progress(env_steps, sps, float(np.mean(recent)) if recent else None)
             last = env_steps >= final_steps
             eval_now = crossed(before, env_steps, cfg.eval.every_steps) and not last
@@ -338,7 +343,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
             if stopping and not last:  # all ranks stop at the same iteration, or none does
                 stopped = int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
                 break
-        loop_seconds = time.perf_counter() - start_time
+        loop_seconds = time.perf_counter() - start_time - evaluator.seconds  # training's own: SPS counts it alone
         final = save()  # before the final evaluation, which may fail
         recovery.saved_at = env_steps
         final_metrics = episodes_log.metrics()
@@ -364,6 +369,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         "iterations": iteration,
         "wall_seconds": round(time.perf_counter() - start_time, 3),
         "sps": round((env_steps - start_steps) / loop_seconds, 1) if loop_seconds > 0 else None,
+        "eval_seconds": round(evaluator.seconds, 3),  # in wall_seconds, not in sps
         **_eval_summary(eval_returns),
         "final_checkpoint": str(final) if final else None,
         **({"resume": _resume_line(run_dir)} if interrupted else {}),
@@ -383,10 +389,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         logger.info("continue with: %s", _resume_line(run_dir))
     else:
         logger.info(
-            "done: %d env steps in %.1f s (%.0f sps); eval return %s",
+            "done: %d env steps in %.1f s (%.0f sps, evaluation %.1f s); eval return %s",
             env_steps,
             summary["wall_seconds"],
             summary["sps"] or 0,
+            summary["eval_seconds"],
             _eval_text(eval_returns),
         )
     logger.summary(summary)
@@ -459,10 +466,21 @@ def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, r
     moved = origin is not None and origin.resolve() != run_dir.resolve()
     c = cfg.logging
     history = origin / "metrics.jsonl" if moved else None
-    logger = RunLogger(run_dir, cfg.total_steps, env_steps, c.progress, c.tensorboard, history=history)
+    logger = RunLogger(
+        run_dir, cfg.total_steps, env_steps, c.progress, c.tensorboard, history=history, every_seconds=c.every_seconds
+    )
     if moved:
         logger.info("resumed from %s, not the newest checkpoint of its run: this run goes on in %s", origin, run_dir)
     return logger
+
+
+def _announce_envs(cfg: TrainConfig, ctx: RankContext) -> None:
+    """The main rank says what it starts when starting it takes seconds (worker processes, Ray), before the
+    logger exists: its bar must not run while env workers fork."""
+    v = cfg.env.vector
+    if ctx.is_main and cfg.logging.progress != "none" and v.backend != "sync":
+        what = {"subproc": "env worker processes", "ray": "Ray and its env actors"}[v.backend]
+        log.info("starting %s for %d envs per rank", what, cfg.env.num_envs)
 
 
 def _log_interval(logger, env_steps: int, metrics: dict, returns: np.ndarray | None) -> np.ndarray | None:

@@ -166,13 +166,16 @@ def test_report_over_two_envs_and_three_groups(tmp_path):
     assert len(fig.axes) == 2
     legends = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes}
     assert legends == {
-        "Acrobot-v1 (ppo)": ["defaults (n=3)"],
-        "CartPole-v1 (ppo)": ["algo.lr=0.0003 (n=3)", "algo.ent_coef=0.01 algo.lr=0.001 (n=3)"],
+        "Acrobot-v1 (ppo)": ["defaults (n=3: interval not meaningful)"],
+        "CartPole-v1 (ppo)": [
+            "algo.lr=0.0003 (n=3: interval not meaningful)",
+            "algo.ent_coef=0.01 algo.lr=0.001 (n=3: interval not meaningful)",
+        ],
     }
     png = (sweep / "learning_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = (sweep / "report.md").read_text()
-    assert "| algo.lr=0.0003 | 3 | 0 | 490.00 [" in markdown
+    assert "| algo.lr=0.0003 | 3 | 0 | 490.00 (n=3: interval not meaningful) |" in markdown
     assert "total_steps=40000" in markdown and "<details>" in markdown  # the full overrides are kept
     assert not (sweep / "performance_profile.png").exists()
 
@@ -205,7 +208,7 @@ def test_report_of_runs_with_one_eval_each_draws_markers(tmp_path):
         )
     fig = curves_figure(group_runs(find_runs([tmp_path])), "eval")
     assert len(fig.axes) == 2
-    assert all(len(ax.lines) >= 2 for ax in fig.axes)  # a marker per group, with its interval's caps
+    assert all(len(ax.lines) >= 2 for ax in fig.axes)  # a marker per group
 
 
 def test_report_with_nothing_to_plot_writes_no_png_and_says_why(tmp_path, capsys):
@@ -249,3 +252,26 @@ def test_bad_input_ends_with_one_line(tmp_path, monkeypatch, capsys, args, messa
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith(f"rlrun: error: {message}")
+
+
+def test_report_marks_intervals_over_fewer_than_five_runs_as_not_meaningful(tmp_path, capsys):
+    """2 seeds of one group, 6 of another: the table, report.md and the plot give the 2-seed group no interval and
+    say why; the 6-seed group keeps its interval; --compare from 2 runs against 6 prints P(A > B) with a warning."""
+    for seed in range(2):
+        write_run(tmp_path / f"few{seed}", "CartPole-v1", ["algo.lr=0.1"], seed, [100.0 + seed, 200.0 + 10 * seed])
+    for seed in range(6):
+        write_run(tmp_path / f"many{seed}", "CartPole-v1", ["algo.lr=0.2"], seed, [50.0 + seed, 100.0 + seed])
+    main(["report", str(tmp_path), "--compare", "algo.lr=0.1", "algo.lr=0.2"])
+    out = capsys.readouterr().out
+    assert "205.00 (n=2: interval not meaningful)" in out and "102.50 [" in out
+    assert "P(A > B) = 1.00" in out and "warning: fewer than 5 runs a side (CartPole-v1: 2 vs 6)" in out
+    markdown = (tmp_path / "report.md").read_text()
+    assert "| algo.lr=0.1 | 2 | 0 | 205.00 (n=2: interval not meaningful) |" in markdown
+    assert "**warning: fewer than 5 runs a side" in markdown
+    fig = curves_figure(group_runs(find_runs([tmp_path])), "eval")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "algo.lr=0.1 (n=2: interval not meaningful)",
+        "algo.lr=0.2 (n=6)",
+    ]
+    assert len(ax.collections) == 1  # one band: the 6-run group's

@@ -86,6 +86,9 @@ class EvalConfig:
     episodes: int = 20
     num_envs: int = 10
     deterministic: bool = True
+    # Agent steps an evaluation episode may last (an env's own shorter limit stays): 27,000 is the standard Atari
+    # protocol's 108,000 frames (Machado et al. 2018) at frame_skip 4. null: only the env's own limit.
+    max_episode_steps: int | None = 27_000
 
 
 @dataclass
@@ -98,6 +101,7 @@ class CheckpointConfig:
 class LoggingConfig:
     every_steps: int = 5_000
     progress: str = "auto"  # auto (rich on a terminal, plain lines otherwise) | rich | plain | none
+    every_seconds: float = 15.0  # plain: a progress line at least this often, whatever every_steps is
     tensorboard: bool = True
 
 
@@ -138,6 +142,13 @@ class TrainConfig:
 
 
 @dataclass
+class PlayEnvConfig:
+    # Another env than the checkpoint's, with the same observation and action spaces (say another ALE game with as
+    # many actions); its other settings stay the checkpoint's. null: the checkpoint's env.
+    id: str | None = None
+
+
+@dataclass
 class PlayConfig:
     checkpoint: str = MISSING  # a checkpoint file or a run folder (its latest checkpoint)
     episodes: int = 10
@@ -146,6 +157,7 @@ class PlayConfig:
     render: bool = False  # a window (needs a display)
     video: bool = False  # mp4 files in the play run folder (needs the video extra)
     device: str = "cpu"
+    env: PlayEnvConfig = field(default_factory=PlayEnvConfig)
 
 
 def check(ok: bool, message: str) -> None:
@@ -236,9 +248,11 @@ TRAIN_RULES: dict[str, Rule] = {
     "eval.every_steps": NON_NEGATIVE,
     "eval.episodes": AT_LEAST_1,
     "eval.num_envs": AT_LEAST_1,
+    "eval.max_episode_steps": Range(1, optional=True),
     "checkpoint.every_steps": NON_NEGATIVE,
     "checkpoint.keep_last": AT_LEAST_1,
     "logging.every_steps": NON_NEGATIVE,
+    "logging.every_seconds": POSITIVE,
     "logging.progress": OneOf(("auto", "rich", "plain", "none")),
     "distributed.nproc_per_node": AT_LEAST_1,
     "distributed.nnodes": AT_LEAST_1,

@@ -135,6 +135,8 @@ def preflight(command: str, args: list[str]) -> list[str]:
         return args
     overrides = list(parsed.overrides)
     runs = not runs_nothing(args)
+    if command == "play":
+        _no_training_choices(overrides)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         try:
             combos = _combinations(overrides)
@@ -145,20 +147,7 @@ def preflight(command: str, args: list[str]) -> list[str]:
             args = [exact[overrides.index(a)] if a in overrides else a for a in args]
             overrides, combos = exact, _combinations(exact)
         for combo in combos:
-            try:
-                cfg = compose(command, overrides=combo)
-            except COMPOSITION_ERRORS as e:
-                raise UserError(error_line(e, _reference(command, combo))) from e
-            except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
-                raise UserError(null_parent_line(combo, _reference(command, combo))) from e
-            try:
-                typed = OmegaConf.to_object(cfg)
-            except OmegaConfBaseException as e:  # a required key left unset (e.g. play checkpoint=...)
-                key = getattr(e, "full_key", "") or "?"
-                raise UserError(f"missing value for '{key}': give {key}=...") from e
-            unknown = _unknown_keys(cfg, OmegaConf.structured(typed))
-            if unknown:
-                raise UserError(f"unknown key '{unknown[0]}' (added with +); the schema has no such key")
+            typed = _composed(command, combo)
             if command == "train":
                 _preflight_train(typed, runs)
             else:
@@ -171,6 +160,25 @@ def preflight(command: str, args: list[str]) -> list[str]:
     if command == "train":
         return _resume_args(overrides, args)
     return args
+
+
+def _composed(command: str, combo: list[str]):
+    """The typed config `combo` composes to; UserError with one line for every way it cannot."""
+    try:
+        cfg = compose(command, overrides=combo)
+    except COMPOSITION_ERRORS as e:
+        raise UserError(error_line(e, _reference(command, combo))) from e
+    except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
+        raise UserError(null_parent_line(combo, _reference(command, combo))) from e
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:  # a required key left unset (e.g. play checkpoint=...)
+        key = getattr(e, "full_key", "") or "?"
+        raise UserError(f"missing value for '{key}': give {key}=...") from e
+    unknown = _unknown_keys(cfg, OmegaConf.structured(typed))
+    if unknown:
+        raise UserError(f"unknown key '{unknown[0]}' (added with +); the schema has no such key")
+    return typed
 
 
 def _exact_integers(command: str, overrides: list[str]) -> list[str]:
@@ -195,6 +203,17 @@ def _exact_integers(command: str, overrides: list[str]) -> list[str]:
         written = ",".join(str(int(v)) if isinstance(v, float) else str(v) for v in values)
         exact.append(f"{o.input_line.split('=', 1)[0]}={written}")
     return exact
+
+
+def _no_training_choices(overrides: list[str]) -> None:
+    """play runs the checkpoint's algo, model and env: a config group choice (env=pendulum) is training's."""
+    for override in overrides:
+        group = override.split("=", 1)[0].lstrip("+~")
+        if group in GROUPS:
+            raise UserError(
+                f"'{override}': play runs the checkpoint's {group}; to play another env with the same spaces, "
+                "give env.id=ID"
+            )
 
 
 def _preflight_train(typed: TrainConfig, runs: bool) -> None:
