@@ -453,9 +453,10 @@ def _nonfinite_context(where: str) -> Iterator[None]:
 
 
 def require_finite_stats(stats: dict, algo: str) -> None:
-    """Raise NonFiniteError naming the first of an update's stats (losses, KL, ...) that is NaN or infinite."""
+    """Raise NonFiniteError naming the first of an update's losses that is NaN or infinite. Other stats may be
+    undefined on a healthy run (explained variance of returns that do not vary)."""
     for name, value in stats.items():
-        if isinstance(value, float) and not math.isfinite(value):
+        if "loss" in name and isinstance(value, float) and not math.isfinite(value):
             raise NonFiniteError(f"the {algo.upper()} {name} is {'NaN' if value != value else 'infinite'}")
 
 
