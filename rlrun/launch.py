@@ -83,8 +83,9 @@ def root_cause(error: ChildFailedError) -> str:
         return f"rank {rank} failed with {how} (no traceback recorded)"
     _, _, rank, trace = min(candidates)
     last = trace.rstrip().splitlines()[-1] if trace.strip() else ""
-    if last.startswith("rlrun.errors.UserError: "):  # bad input found in the rank (a user's network): one line
-        return f"rank {rank}: {last.removeprefix('rlrun.errors.UserError: ')}"
+    for kind in ("rlrun.errors.UserError: ", "rlrun.errors.Fault: "):  # bad input, or a full disk: one line
+        if last.startswith(kind):
+            return f"rank {rank}: {last.removeprefix(kind)}"
     return f"rank {rank} failed:\n{trace.rstrip()}"
 
 
