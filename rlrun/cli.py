@@ -143,7 +143,11 @@ def train_app(cfg: DictConfig) -> float | None:
     if summary["status"] == "interrupted":
         if summary["signal"] in (signal.SIGUSR1, signal.SIGUSR2):
             # A scheduler's warning (SLURM's --signal, submitit's preemption): the checkpoint is written, now the
-            # handler that was there before training runs (submitit's requeues the job).
+            # handler that was there before training runs (submitit's requeues the job). The folder is let go first:
+            # that handler (or SIGUSR1's default) may end the process before main's finally would.
+            from rlrun.run_folder import release
+
+            release(run_dir)
             os.kill(os.getpid(), summary["signal"])
         sys.exit(128 + summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes

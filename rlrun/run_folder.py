@@ -99,10 +99,13 @@ def hold(run_dir: Path) -> bool:
     key = run_dir.resolve()
     if key in _held:
         return False
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"cannot write into run folder {run_dir}: {e.strerror}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
