@@ -136,7 +136,8 @@ def train_app(cfg: DictConfig) -> float | None:
         message = known[0] if known else f"{type(e).__name__}: {e}"
         logging.getLogger("rlrun").error("job %s failed: %s", hc.job.num, message)
         failed = {"status": "failed", "error": message, "overrides": overrides}
-        (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        with contextlib.suppress(OSError):  # a full disk: the line above said why
+            (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
         return float("nan")
     if summary is None:  # a node without rank 0
         return None
