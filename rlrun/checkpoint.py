@@ -3,6 +3,7 @@ atomically, the last K kept; loading turns every way a file can be wrong into on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import zipfile
@@ -12,7 +13,7 @@ import torch
 import yaml
 
 from rlrun.errors import NonFiniteError, UserError
-from rlrun.run_folder import checkpoint_name, list_checkpoints, resolve_checkpoint
+from rlrun.run_folder import checkpoint_name, list_checkpoints, resolve_checkpoint, writing
 
 FORMAT_VERSION = 3  # 3: optimizer state in torch.optim.Adam's format; 2: FlatAdam's flat buffers (upgraded on load)
 
@@ -49,24 +50,27 @@ def all_finite(state) -> bool:
 
 
 def _save_atomic(obj: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write-then-rename: a crash mid-write leaves the previous checkpoints intact and no torn file. A failed write
+    (a full disk) is a Fault naming `path`, and its partial file is removed."""
     tmp = path.with_suffix(".tmp")
-    # Write-then-rename: a crash mid-write leaves the previous checkpoints intact and no torn file.
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a failed write (a full disk) or a second Ctrl-C mid-write: no partial file stays
-        tmp.unlink(missing_ok=True)
-        raise
-    # The rename lives in the directory: without syncing it, a power loss can undo it.
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:  # a second Ctrl-C mid-write too
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+        # The rename lives in the directory: without syncing it, a power loss can undo it.
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def rng_devices(device: torch.device) -> list[torch.device]:

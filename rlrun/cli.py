@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, validate_play
-from rlrun.errors import NonFiniteError, UserError
+from rlrun.errors import Fault, NonFiniteError, UserError
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -55,7 +55,7 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
     """(message, exit code) for errors rlrun explains itself; None for a bug, which keeps its traceback."""
     if isinstance(e, UserError):  # before the imports below, which bring torch: a typo's line stays quick
         return str(e), 2
-    if isinstance(e, NonFiniteError):
+    if isinstance(e, (Fault, NonFiniteError)):
         return str(e), 1
     from rlrun.envs.pool import EnvWorkerError
     from rlrun.launch import failed_ranks
@@ -86,6 +86,36 @@ def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict
     return train(typed, run_dir, ctx, config_yaml, state, tuple(overrides))
 
 
+def _job_folder(cfg: DictConfig, run_dir: Path) -> contextlib.AbstractContextManager:
+    """The job holds its run folder while it runs (each job of a sweep its own). A run whose folder the command line
+    names took it before Hydra wrote into it (main); other ranks' processes and other nodes' launchers write nothing
+    and take nothing. An internal launcher holds it while its ranks run and restart."""
+    from rlrun.distributed import torchrun_job
+    from rlrun.run_folder import held
+
+    job = torchrun_job()
+    if (job is not None and job[0] != 0) or cfg.distributed.node_rank != 0:
+        return contextlib.nullcontext()
+    return held(run_dir)
+
+
+def _named_run_folder(args: list[str]) -> Path | None:
+    """The run folder of a single run when the command line names it (hydra.run.dir=, which a resume sets too), for
+    the process that will write into it (rank 0, node 0): taken before Hydra writes .hydra/ and train.log there."""
+    from rlrun.config.hydra_compat import args_parser, parse_overrides
+    from rlrun.distributed import torchrun_job
+
+    parsed = args_parser().parse_args(args)
+    job = torchrun_job()
+    if parsed.multirun or (job is not None and job[0] != 0):
+        return None
+    values = {o.key_or_group: o.value() for o in parse_overrides(parsed.overrides)}
+    run_dir = values.get("hydra.run.dir")
+    if str(values.get("distributed.node_rank", 0)) != "0" or not isinstance(run_dir, str) or "${" in run_dir:
+        return None  # another node's launcher, or a folder only Hydra can name (the job takes it: _job_folder)
+    return Path(run_dir)
+
+
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")
 def train_app(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
@@ -94,7 +124,8 @@ def train_app(cfg: DictConfig) -> float | None:
     overrides = list(hc.overrides.task)
     run_dir = Path(hc.runtime.output_dir)
     try:
-        summary = _train_job(cfg, hc, overrides, run_dir)
+        with _job_folder(cfg, run_dir):
+            summary = _train_job(cfg, hc, overrides, run_dir)
     except Exception as e:
         known = _known_error(e)
         if hc.mode != RunMode.MULTIRUN:
@@ -105,14 +136,19 @@ def train_app(cfg: DictConfig) -> float | None:
         message = known[0] if known else f"{type(e).__name__}: {e}"
         logging.getLogger("rlrun").error("job %s failed: %s", hc.job.num, message)
         failed = {"status": "failed", "error": message, "overrides": overrides}
-        (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        with contextlib.suppress(OSError):  # a full disk: the line above said why
+            (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
         return float("nan")
     if summary is None:  # a node without rank 0
         return None
     if summary["status"] == "interrupted":
         if summary["signal"] in (signal.SIGUSR1, signal.SIGUSR2):
             # A scheduler's warning (SLURM's --signal, submitit's preemption): the checkpoint is written, now the
-            # handler that was there before training runs (submitit's requeues the job).
+            # handler that was there before training runs (submitit's requeues the job). The folder is let go first:
+            # that handler (or SIGUSR1's default) may end the process before main's finally would.
+            from rlrun.run_folder import release
+
+            release(run_dir)
             os.kill(os.getpid(), summary["signal"])
         sys.exit(128 + summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
@@ -189,13 +225,22 @@ def main(argv: list[str] | None = None) -> None:
     register_configs()  # the schemas the apps compose against
     with user_errors():
         args = preflight(command, args)
+    folder = None
     if command == "train" and not runs_nothing(args):  # printing a config needs no run folder (nor torch)
         args = _torchrun_args(args)
+        folder = _named_run_folder(args)
+    from rlrun.run_folder import hold, release
+
+    with user_errors():
+        took = folder is not None and hold(folder)
     sys.argv = [f"rlrun {command}", *args]
     try:
         APPS[command]()
     except KeyboardInterrupt:  # Ctrl-C before training took over the signals (start-up), or a second one in play
         fail("interrupted", 128 + signal.SIGINT)
+    finally:
+        if took:
+            release(folder)
 
 
 if __name__ == "__main__":

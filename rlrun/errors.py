@@ -1,8 +1,14 @@
-"""The exception types rlrun explains itself: the CLI prints their message as one line instead of a traceback."""
+"""The exception types whose message the CLI prints as a single line: a user's mistake (exit 2), or a fault the run
+cannot go on through, the machine's (Fault) or its numbers' (NonFiniteError) (exit 1)."""
 
 
 class UserError(Exception):
     """Bad input (config value, env id, checkpoint file): the message says what is wrong and what is accepted."""
+
+
+class Fault(Exception):
+    """The machine failed the run, not the input nor rlrun (a full disk, an I/O error, a read-only folder): the
+    message names the file, the error and what is left to continue from."""
 
 
 class NonFiniteError(RuntimeError):

@@ -83,7 +83,7 @@ def root_cause(error: ChildFailedError) -> str:
         return f"rank {rank} failed with {how} (no traceback recorded)"
     _, _, rank, trace = min(candidates)
     last = trace.rstrip().splitlines()[-1] if trace.strip() else ""
-    for kind in ("UserError", "NonFiniteError"):  # bad input found in the rank (a user's network), a NaN: one line
+    for kind in ("UserError", "Fault", "NonFiniteError"):  # bad input, a full disk, a NaN: one line
         if last.startswith(f"rlrun.errors.{kind}: "):
             return f"rank {rank}: {last.removeprefix(f'rlrun.errors.{kind}: ')}"
     return f"rank {rank} failed:\n{trace.rstrip()}"

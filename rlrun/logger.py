@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from rlrun.run_folder import writing
 
 log = logging.getLogger("rlrun")
 
@@ -36,9 +39,11 @@ class RunLogger:
         time between two console lines while training or evaluating, whatever the metrics interval."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
-        if history is not None and history.exists():
-            self.metrics_path.write_text(history.read_text())
-        _truncate_after(self.metrics_path, start_steps)
+        with writing(self.metrics_path):
+            if history is not None and history.exists():
+                self.metrics_path.write_text(history.read_text())
+            _truncate_after(self.metrics_path, start_steps)
+        _quiet_failed_writes()
         self.writer = None
         # Made at the first metrics written: importing TensorBoard's writer costs a fraction of a second of start-up.
         self.tensorboard, self.start_steps = tensorboard, start_steps
@@ -126,15 +131,16 @@ class RunLogger:
     def log(self, env_steps: int, metrics: dict[str, float]) -> None:
         """One log interval: a jsonl line, TensorBoard scalars and, without a bar, a console line."""
         record = {"env_steps": env_steps, **{k: v for k, v in metrics.items() if k not in TIMING_KEYS}}
-        with open(self.metrics_path, "a") as f:
+        with writing(self.metrics_path), open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.tensorboard and self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+        with writing(self.run_dir / "tb"):
+            if self.tensorboard and self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.start_steps or None)
-        if self.writer is not None:
-            for key, value in metrics.items():
-                self.writer.add_scalar(key, value, env_steps)
+                self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.start_steps or None)
+            if self.writer is not None:
+                for key, value in metrics.items():
+                    self.writer.add_scalar(key, value, env_steps)
         if self.mode == "plain":
             self._last_line = time.monotonic()
             shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if k in _CONSOLE_KEYS)
@@ -153,7 +159,8 @@ class RunLogger:
         self.summary(failed | ({"resume": resume} if resume else {}))
 
     def summary(self, summary: dict) -> None:
-        with open(self.run_dir / "summary.json", "w") as f:
+        path = self.run_dir / "summary.json"
+        with writing(path), open(path, "w") as f:
             json.dump(summary, f, indent=2)
 
     def close(self) -> None:
@@ -164,7 +171,8 @@ class RunLogger:
                 root.removeHandler(rich_handler)
                 root.addHandler(original)
         if self.writer is not None:
-            self.writer.close()
+            with writing(self.run_dir / "tb"):
+                self.writer.close()
 
 
 class NullLogger:
@@ -191,6 +199,33 @@ _CONSOLE_KEYS = (
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _quiet_failed_writes() -> None:
+    """A log file on a full disk drops its lines instead of printing a traceback for each, and TensorBoard's writer
+    thread, which re-raises a failed write for threading to print, stays quiet too: the write that fails next in
+    the run (metrics.jsonl, a checkpoint, the writer's next scalar) ends it with one line naming the error."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and not isinstance(handler.handleError, _DropOSError):
+            handler.handleError = _DropOSError(handler.handleError)
+    if not isinstance(threading.excepthook, _DropOSError):
+        threading.excepthook = _DropOSError(threading.excepthook, thread="_AsyncWriterThread")
+
+
+class _DropOSError:
+    """Calls `handle` (a handler's handleError, threading's excepthook) unless the error being handled is an OSError
+    (in a thread of the class named `thread`, for the hook)."""
+
+    def __init__(self, handle, thread: str | None = None):
+        self.handle, self.thread = handle, thread
+
+    def __call__(self, arg) -> None:
+        if self.thread is None:
+            error, quiet = sys.exc_info()[1], True
+        else:
+            error, quiet = arg.exc_value, type(arg.thread).__name__ == self.thread
+        if not (quiet and isinstance(error, OSError)):
+            self.handle(arg)
 
 
 def _fmt(v: float) -> str:

@@ -1,11 +1,21 @@
-"""Where a run folder keeps its checkpoints: names, listing, the newest, the run a checkpoint belongs to. Plain
-paths, no torch, so that the pre-flight finds a missing checkpoint quickly."""
+"""Where a run folder keeps its checkpoints: names, listing, the newest, the run a checkpoint belongs to; the lock
+that lets one job at a time write into a run folder; a failed write as one Fault naming the file. Plain paths, no
+torch, so that the pre-flight finds a missing checkpoint quickly."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from rlrun.errors import UserError
+from rlrun.errors import Fault, UserError
 
 _PREFIX = "ckpt_"
 
@@ -41,3 +51,109 @@ def is_newest(checkpoint: Path) -> bool:
 def run_dir_of(checkpoint: Path) -> Path | None:
     """The run folder a checkpoint was saved in, if it sits in one."""
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """A failed write of `path` (a full disk, an I/O error, no permission, a read-only folder, a file over the size
+    limit) becomes one Fault naming the file and the error, whatever wraps the OSError (torch's zip writer raises
+    its own error over it, and a second OSError while closing the file)."""
+    try:
+        yield
+    except Exception as e:
+        cause = _os_error(e)
+        if cause is None:
+            raise
+        name = errno.errorcode.get(cause.errno, str(cause.errno))
+        raise Fault(f"could not write {path}: {cause.strerror or cause} ({name})") from e
+
+
+def _os_error(e: BaseException | None) -> OSError | None:
+    """The first OSError with an errno in `e`'s chain of causes, from the outermost in."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def newest_line(run_dir: Path) -> str:
+    """What a failed run leaves to continue from: its newest complete checkpoint and the line that resumes it."""
+    found = list_checkpoints(run_dir / "checkpoints")
+    if not found:
+        return "no checkpoint was written before it"
+    return f"newest complete checkpoint: {found[-1]}; continue with: rlrun train resume={run_dir}"
+
+
+LOCK_NAME = ".rlrun.lock"
+_held: dict[Path, int] = {}  # the run folders this process holds: folder -> the open lock file
+
+
+def hold(run_dir: Path) -> bool:
+    """Take `run_dir` for this job before anything is written into it: an flock on its lock file, which the kernel
+    releases when the holder dies, with the holder's host, pid and start recorded in it. A folder another job holds
+    is a UserError naming the holder, and nothing is written; a lock file left by a holder that is gone (killed) is
+    taken over with one line saying so. Returns whether this call took it (False: this process holds it already)."""
+    key = run_dir.resolve()
+    if key in _held:
+        return False
+    path = run_dir / LOCK_NAME
+    while True:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"cannot write into run folder {run_dir}: {e.strerror}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise UserError(
+                f"run folder {run_dir} is in use by another job ({holder}); wait for it to end or choose another "
+                f"hydra.run.dir (lock file {path})"
+            ) from None
+        # The holder removes the file as it releases it: a lock on the removed file holds nothing, so open it anew.
+        with contextlib.suppress(FileNotFoundError):
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        os.close(fd)
+    if os.fstat(fd).st_size:  # a released lock file is removed: this one's holder ended without releasing it
+        print(f"rlrun: run folder {run_dir} was held by {_holder(fd)}, which is gone: taking it over", file=sys.stderr)
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since})
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record.encode() + b"\n", 0)
+    _held[key] = fd
+    return True
+
+
+def release(run_dir: Path) -> None:
+    """Give up a run folder this process holds: the lock file goes first, so the next job finds no stale holder."""
+    fd = _held.pop(run_dir.resolve(), None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            (run_dir / LOCK_NAME).unlink()
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def held(run_dir: Path) -> Iterator[None]:
+    """`run_dir` held for the block (hold), and released after it unless the process held it before."""
+    took = hold(run_dir)
+    try:
+        yield
+    finally:
+        if took:
+            release(run_dir)
+
+
+def _holder(fd: int) -> str:
+    """ "host H, pid P, since T" from a lock file's record."""
+    try:
+        record = json.loads(os.pread(fd, 4096, 0))
+        return f"host {record['host']}, pid {record['pid']}, since {record['since']}"
+    except (ValueError, KeyError, TypeError):
+        return "a job that has not recorded itself yet"

@@ -33,11 +33,11 @@ from rlrun.checkpoint import (
 from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext, is_peer_loss, parameter_digest, requeue_count, restart_count
 from rlrun.envs import env_seeds, frame_stack, make_vector_env
-from rlrun.errors import NonFiniteError
+from rlrun.errors import Fault, NonFiniteError
 from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
-from rlrun.run_folder import list_checkpoints, run_dir_of
+from rlrun.run_folder import list_checkpoints, newest_line, run_dir_of
 
 log = logging.getLogger("rlrun")
 
@@ -234,7 +234,10 @@ def train(
         logger.error("stopped at once by a second signal%s", f"; continue with: {resume}" if resume else "")
         return summary
     except Exception as e:
-        logger.failed(f"{type(e).__name__}: {e}", list(overrides), _resume_line(run_dir))  # a sweep's report reads why
+        with contextlib.suppress(Fault):  # written if the disk still takes it
+            logger.failed(f"{type(e).__name__}: {e}", list(overrides), _resume_line(run_dir))  # a report reads why
+        if isinstance(e, Fault):  # one line: the file, the error, and what is left to continue from
+            raise Fault(f"{e}; {newest_line(run_dir)}") from e
         raise
     finally:
         if stop is not None:
@@ -356,7 +359,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         try:
             recovery.write(e, algo, iteration, env_steps)
         except Exception as failed:  # the run's own error is the one to report
-            logger.error("could not write a recovery checkpoint: %s: %s", type(failed).__name__, failed)
+            _recovery_failed(logger, e, failed)
         raise
     logger.log(env_steps, final_metrics)
     summary = {
@@ -432,7 +435,7 @@ class Recovery:
             if path is not None:
                 self.saved_at = env_steps
                 self.logger.error("recovery checkpoint at %d env steps: %s", env_steps, path)
-        if self.saved_at is not None:
+        if self.saved_at is not None and not isinstance(error, Fault):  # a Fault's own line says it
             self.logger.error("continue this run with: rlrun train resume=%s", self.run_dir)
 
 
@@ -458,6 +461,11 @@ def require_finite_stats(stats: dict, algo: str) -> None:
     for name, value in stats.items():
         if "loss" in name and isinstance(value, float) and not math.isfinite(value):
             raise NonFiniteError(f"the {algo.upper()} {name} is {'NaN' if value != value else 'infinite'}")
+
+
+def _recovery_failed(logger, error: Exception, failed: Exception) -> None:
+    if not (isinstance(error, Fault) and isinstance(failed, Fault)):  # the same failing disk is told once
+        logger.error("could not write a recovery checkpoint: %s: %s", type(failed).__name__, failed)
 
 
 def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, resume_state: dict | None):
