@@ -4,7 +4,9 @@ and nothing is wrapped, so the same training code runs either way."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import importlib
 import os
 import re
 import time
@@ -110,6 +112,11 @@ class RankContext:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
+            # torch._dynamo (which building DDP imports) takes a reference to the group when first imported after
+            # the group formed, and destroy_process_group cannot drop it: gloo's threads (two pt_gloo_runloop, one
+            # gloo_tcp_loop) would then outlive close() and run on through the interpreter's exit. So it comes first.
+            # rlrun's own launcher imports it before forking the ranks; under torchrun, srun or submitit, here.
+            importlib.import_module("torch._dynamo")  # (an import statement would make `torch` local here)
             # The store torch elastic's agent hosts (or rank 0, at MASTER_ADDR:MASTER_PORT), as env:// finds it. After
             # an elastic restart it still holds the dead attempt's keys, gloo's addresses among them: a rank reading
             # one would connect to a rank that is gone. Each attempt keeps its keys apart.
@@ -118,7 +125,11 @@ class RankContext:
             dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size)
 
     def close(self) -> None:
+        """Leave the process group and end it: its threads are joined here, not left to the interpreter's exit."""
         if self.distributed and dist.is_initialized():
+            # The learner's DDP module, which holds the group, sits in reference cycles: collect them first, so that
+            # destroy_process_group drops the group's last reference.
+            gc.collect()
             dist.destroy_process_group()
 
     def mean_all(self, x: Tensor) -> Tensor:

@@ -115,6 +115,10 @@ def test_breakout_prioritized_n_step_smoke_then_play(tmp_path):
 LEARN = ["algo=dqn", "seed=1", "eval.every_steps=5000", "eval.episodes=10"]
 LEARN += ["logging.progress=plain", "checkpoint.every_steps=0"]
 TWO_RANKS = ["distributed.nproc_per_node=2", "algo.train_freq=128", "algo.gradient_steps=64"]
+# A CPU's kernels (AVX2 here, AVX-512 elsewhere) change the float sums and so the trajectory: the two-rank run's best
+# eval is 406.7 here (AMD EPYC, AVX2) and 386.1 on a 2-vCPU Xeon. A random policy scores about 20, an untrained
+# greedy one about 9.
+LEARNED = 250
 
 
 def best_eval(run: Path) -> float:
@@ -124,7 +128,7 @@ def best_eval(run: Path) -> float:
 @pytest.mark.timeout(300)
 def test_dqn_learns_cartpole_on_one_rank_then_plays(tmp_path):
     run = train(tmp_path, "run", *LEARN)
-    assert best_eval(run) >= 400
+    assert best_eval(run) >= LEARNED
     out = rlrun("play", f"checkpoint={run}", "episodes=2", f"hydra.run.dir={tmp_path / 'play'}", cwd=tmp_path)
     assert out.returncode == 0 and "mean" in out.stdout, out.stderr[-3000:]
 
@@ -135,12 +139,13 @@ def test_dqn_learns_cartpole_on_two_ranks(tmp_path):
     run = train(tmp_path, "run", *LEARN, *TWO_RANKS)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(set(summary["parameter_digests"])) == 1
-    assert best_eval(run) >= 400
+    assert best_eval(run) >= LEARNED
 
 
 # CleanRL dqn.py's CartPole settings (its target sync every 500 env steps = 50 updates here; no grad clipping),
 # for 50k steps instead of 500k. With them the replay must start updates at exactly its size, and the MSE loss
-# learns (eval 489 / 312 / 177 at 50k on seeds 1-3) where Huber lets Q run away (eval about 9 on all three).
+# learns (eval 489 / 312 / 177 at 50k on seeds 1-3) where Huber lets Q run away (eval about 9 on all three). The
+# spread over seeds is what another CPU's numerics can do to seed 1: the bound is below the worst of them.
 CLEANRL = [
     "algo=dqn", "total_steps=50000", "algo.lr=2.5e-4", "algo.buffer_size=10000", "algo.learning_starts=10000",
     "algo.batch_size=128", "algo.n_step=1", "algo.train_freq=10", "algo.gradient_steps=1",
@@ -156,4 +161,4 @@ def test_dqn_learns_cartpole_with_cleanrls_hyperparameters(tmp_path):
     run = train(tmp_path, "run", *CLEANRL, "seed=1")
     updates = [m["charts/updates"] for m in read_jsonl(run / "metrics.jsonl") if "charts/updates" in m]
     assert updates[-1] == pytest.approx((50_000 - 10_000) / 10, abs=10)  # from learning_starts on, every 10 steps
-    assert best_eval(run) >= 250
+    assert best_eval(run) >= 150

@@ -24,7 +24,7 @@ from rlrun.fast import accelerate
 from tests.conftest import rlrun
 from tests.test_distributed import train as train_two_ranks
 from tests.test_pool import Faulty, assert_reaped
-from tests.test_train import assert_same_tensors, final_state, train
+from tests.test_train import SOLVED, assert_same_tensors, final_state, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 SEEDS = [1, 2, 3, 4]
@@ -213,4 +213,4 @@ def test_two_ranks_with_acting_workers_stay_in_sync_and_resume_exactly(tmp_path)
 def test_default_cartpole_run_with_acting_workers_solves_it(tmp_path):
     run = train(tmp_path, "run", "env.vector.backend=subproc", "logging.progress=none")
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["eval_return_mean"] >= 475, summary  # 500 on 6 of seeds 0-6 here, as the in-process default
+    assert summary["eval_return_mean"] >= SOLVED, summary  # 500 on 6 of seeds 0-6 here, as the in-process default
