@@ -10,12 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
 from rlrun.config import CONF_DIR, TrainConfig, validate_play, validate_train
 from rlrun.config.hydra_compat import COMPOSITION_ERRORS, args_parser, error_line, null_parent_line, parse_overrides
+from rlrun.config.presets import preset_override
 from rlrun.config.store import GROUPS, from_yaml
 from rlrun.errors import UserError
 
@@ -115,13 +116,19 @@ def preflight(command: str, args: list[str]) -> list[str]:
             combos = _combinations(overrides)
         except COMPOSITION_ERRORS as e:
             raise UserError(f"cannot parse overrides: {' '.join(str(e).splitlines()[:2])}") from e
+        presets = set()
         for combo in combos:
-            try:
-                cfg = compose(command, overrides=combo)
-            except COMPOSITION_ERRORS as e:
-                raise UserError(error_line(e, _reference(command, combo))) from e
-            except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
-                raise UserError(null_parent_line(combo, _reference(command, combo))) from e
+            cfg = _compose(command, combo)
+            if command == "train":
+                with open_dict(cfg):
+                    choices = cfg.pop("hydra").runtime.choices
+                # a resumed run keeps its checkpoint's groups; resume=auto's new run decides in its job
+                preset = None if cfg.resume is not None else preset_override(choices, cfg.env.id, combo)
+                presets.add(preset)
+                if preset is not None:
+                    cfg = _compose(command, [*combo, preset])
+                    with open_dict(cfg):
+                        del cfg["hydra"]
             try:
                 typed = OmegaConf.to_object(cfg)
             except OmegaConfBaseException as e:  # a required key left unset (e.g. play checkpoint=...)
@@ -135,8 +142,23 @@ def preflight(command: str, args: list[str]) -> list[str]:
             else:
                 validate_play(typed)
     if command == "train":
+        # One preset decision for every job is made here, so .hydra/ shows it; a sweep whose jobs differ (over
+        # env.id, say) has each job decide for itself (rlrun.config.presets.job_presets).
+        if len(presets) == 1 and None not in presets:
+            # beside the other overrides: Hydra's parser takes one run of them (`a=1 --cfg job b=2` is an error)
+            at = max((i + 1 for i, a in enumerate(args) if a in overrides), default=0)
+            args = [*args[:at], presets.pop(), *args[at:]]
         return _resume_args(overrides, args)
     return args
+
+
+def _compose(command: str, combo: list[str]) -> DictConfig:
+    try:
+        return compose(command, overrides=combo, return_hydra_config=command == "train")
+    except COMPOSITION_ERRORS as e:
+        raise UserError(error_line(e, _reference(command, combo))) from e
+    except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
+        raise UserError(null_parent_line(combo, _reference(command, combo))) from e
 
 
 def _preflight_train(typed: TrainConfig) -> None:
