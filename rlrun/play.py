@@ -16,7 +16,7 @@ from rlrun.algos import build_algo
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import PlayConfig, TrainConfig
 from rlrun.distributed import resolve_device
-from rlrun.envs import check_env_id, env_seeds, make_env
+from rlrun.envs import check_env_id, env_seeds, import_env_modules, make_env
 from rlrun.errors import UserError
 from rlrun.evaluation import run_episodes
 
@@ -38,6 +38,7 @@ def _video_env(thunk, folder: Path):
 def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict, run_dir: Path) -> dict:
     """Run cfg.episodes episodes of the checkpointed agent; returns returns/lengths and prints a table."""
     torch.set_num_threads(1)
+    import_env_modules(train_cfg.env.imports)  # the modules that registered the run's env, as training did
     check_env_id(train_cfg.env.id)
     render_mode = "human" if cfg.render else "rgb_array" if cfg.video else None
     thunk = make_env(train_cfg.env, train=False, render_mode=render_mode)

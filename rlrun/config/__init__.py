@@ -50,6 +50,8 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     atari: AtariConfig | None = None  # set for ALE games; ids starting with ALE/ get the defaults
     imports: list[str] = field(default_factory=list)  # modules that register your own envs (gym.register)
+    # Dict observations: the keys the networks see (null: all); drops what cannot be encoded (MiniGrid's mission)
+    obs_keys: list[str] | None = None
     vector: VectorConfig = field(default_factory=VectorConfig)
 
 

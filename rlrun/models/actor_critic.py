@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from rlrun.config import RECURRENT_MODELS, ModelConfig
 from rlrun.config.instantiate import instantiate_network
 from rlrun.models import distributions as D
-from rlrun.models.encoders import TwinMLP, build_encoder, layer_init
+from rlrun.models.encoders import TwinMLP, build_encoder, encoder_name, layer_init
 from rlrun.models.recurrent import build_core, not_starts
 from rlrun.models.user import check_outputs
 
@@ -70,12 +70,13 @@ class _Policy(nn.Module):
 class ActorCritic(_Policy):
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
-        if cfg.shared:
-            self.trunk, features = build_encoder(cfg.name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype)
+        self.shared = cfg.shared or name != "mlp"  # a CNN is one trunk for both heads
+        if self.shared:
+            self.trunk, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         else:  # separate actor and critic trunks (CleanRL's classic-control layout)
             self.trunk = TwinMLP(math.prod(obs_space.shape), cfg.hidden_sizes, cfg.activation)
             features = self.trunk.out_dim
-        self.shared = cfg.shared
         self._init_heads(features, action_space)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,7 +112,8 @@ class RecurrentActorCritic(_Policy):
 
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
-        self.encoder, features = build_encoder(cfg.encoder, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        name = encoder_name(cfg.encoder, obs_space.shape, obs_space.dtype)
+        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         self.core = build_core(cfg.name, features, cfg.core_size, cfg.activation, cfg.lru_decay)
         self._init_heads(self.core.out_dim, action_space)
 

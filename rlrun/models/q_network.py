@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from rlrun.config import ModelConfig
 from rlrun.config.instantiate import instantiate_network
-from rlrun.models.encoders import build_encoder
+from rlrun.models.encoders import build_encoder, encoder_name
 from rlrun.models.user import check_outputs
 
 
@@ -17,7 +17,8 @@ class QNetwork(nn.Module):
 
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.spaces.Discrete, dueling: bool):
         super().__init__()
-        self.encoder, features = build_encoder(cfg.name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype)
+        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         n = int(action_space.n)
         self.head = nn.Linear(features, n)  # advantages when dueling
         self.value = nn.Linear(features, 1) if dueling else None
