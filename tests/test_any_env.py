@@ -4,11 +4,15 @@ third-party envs (the `envs` extra: Box2D, MiniGrid) and small envs written here
 
 from __future__ import annotations
 
+import json
+
+import gymnasium as gym
 import pytest
 import yaml
 
 from rlrun.config.preflight import preflight
 from rlrun.config.store import register_configs
+from rlrun.errors import UserError
 from tests.conftest import rlrun
 
 register_configs()
@@ -53,3 +57,148 @@ def test_presets_are_logged_and_a_sweep_over_env_ids_decides_per_job(tmp_path):
     acrobot, cartpole = (yaml.safe_load((tmp_path / j / ".hydra/config.yaml").read_text()) for j in "01")
     assert acrobot["algo"]["num_steps"] == 128 and cartpole["algo"]["num_steps"] == 32  # PPO's defaults; the preset
     assert "~tuned" in yaml.safe_load((tmp_path / "0/.hydra/overrides.yaml").read_text())
+
+
+# Envs written here: a target to hit with MultiDiscrete or MultiBinary actions (reward: the matching components),
+# image observations in height-width-channel layout, and a Dict observation with a key no network can take.
+ENVS = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Target(gym.Env):
+    """Each step rewards the components of the action that match a fixed target; 8 steps an episode."""
+
+    def __init__(self, kind="multidiscrete"):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        if kind == "multidiscrete":
+            self.action_space, self.target = gym.spaces.MultiDiscrete([3, 4]), np.array([2, 1])
+        else:
+            self.action_space, self.target = gym.spaces.MultiBinary(4), np.array([1, 0, 1, 1])
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float((np.asarray(action) == self.target).sum())
+        return np.zeros(2, np.float32), reward, False, self.t >= 8, {}
+
+
+class Frames(gym.Env):
+    """uint8 frames [H, W, 3]: the right action is the one whose half of the frame is lit; 8 steps an episode."""
+
+    def __init__(self, size=7):
+        self.size = size
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _frame(self):
+        self.side = int(self.np_random.integers(2))
+        frame = np.zeros((self.size, self.size, 3), np.uint8)
+        half = self.size // 2
+        frame[:, :half] = 255 if self.side == 0 else 0
+        frame[:, half:] = 255 if self.side == 1 else 0
+        return frame
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._frame(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(action == self.side)
+        return self._frame(), reward, False, self.t >= 8, {}
+
+
+class Notes(gym.Env):
+    """A Dict observation: a position (Discrete), a vector (Box) and a note (Text) no network takes; the reward is
+    for repeating the position as the action."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict(
+            {"pos": gym.spaces.Discrete(3), "vec": gym.spaces.Box(-1, 1, (2,)), "note": gym.spaces.Text(8)}
+        )
+        self.action_space = gym.spaces.Discrete(3)
+
+    def _obs(self):
+        self.pos = int(self.np_random.integers(3))
+        return {"pos": self.pos, "vec": np.zeros(2, np.float32), "note": "hi"}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(action == self.pos)
+        return self._obs(), reward, False, self.t >= 8, {}
+
+
+class Broken(gym.Env):
+    def __init__(self):
+        raise ValueError("the simulator's licence file is missing")
+
+
+gym.register("TargetMD-v0", entry_point=Target, kwargs={"kind": "multidiscrete"})
+gym.register("TargetMB-v0", entry_point=Target, kwargs={"kind": "multibinary"})
+gym.register("Frames-v0", entry_point=Frames)
+gym.register("Notes-v0", entry_point=Notes)
+gym.register("Broken-v0", entry_point=Broken)
+'''
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "spaces_envs.py").write_text(ENVS)
+    return tmp_path
+
+
+def _final(run) -> float:
+    return json.loads((run / "summary.json").read_text())["eval_return_mean"]
+
+
+ERRORS = [
+    (["env.id=CartPole-v1", "+env.kwargs.colour=1"], "cannot make env 'CartPole-v1' with env.kwargs={'colour': 1}"),
+    (["env.id=Notes-v0"], "Notes-v0's observation key 'note' (Text) cannot be encoded for a network; drop it with"),
+    (["env.id=Notes-v0", "env.obs_keys=[pos,size]"], "env.obs_keys: Notes-v0's observations have no key 'size'"),
+    (["algo=dqn", "env.id=TargetMD-v0"], "algo=dqn needs a discrete action space (Discrete); TargetMD-v0 has"),
+    (["algo=sac", "env.id=TargetMB-v0"], "algo=sac needs a continuous action space (a 1-D Box); TargetMB-v0 has"),
+]
+
+
+def test_errors_name_the_real_cause(folder, monkeypatch):
+    """The pre-flight (which every `rlrun train` runs first) says what is wrong in one line; an env constructor's
+    own exception stays the env's, not a complaint about env.kwargs."""
+    monkeypatch.chdir(folder)  # env.imports finds spaces_envs.py in the working directory, as the CLI does
+    for args, message in ERRORS:
+        with pytest.raises(UserError) as info:
+            preflight("train", ["env.imports=[spaces_envs]", *args])
+        assert message in str(info.value) and "\n" not in str(info.value), (args, str(info.value))
+    with pytest.raises(ValueError, match="the simulator's licence file is missing"):
+        preflight("train", ["env.imports=[spaces_envs]", "env.id=Broken-v0"])
+    if "MiniGrid-Empty-5x5-v0" not in gym.registry:  # until minigrid is imported
+        with pytest.raises(UserError, match="registered by the minigrid module: add env.imports=\\[minigrid\\]"):
+            preflight("train", ["env.id=MiniGrid-Empty-5x5-v0"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_multidiscrete_and_multibinary_actions_learn_with_ppo_a2c_and_an_lstm(folder):
+    """Rewards are the matching components, 8 steps an episode: random play gets 8 x (1/3 + 1/4) = 4.7 on
+    MultiDiscrete([3, 4]) and 8 x 2 = 16 on MultiBinary(4); the best, 16 and 32."""
+    common = ["env.imports=[spaces_envs]", "env.num_envs=4", "eval.episodes=4", "eval.num_envs=2", "seed=1"]
+    runs = [
+        (["env.id=TargetMD-v0", "total_steps=2048", "algo.num_steps=32"], 15.0),
+        (["algo=a2c", "env.id=TargetMB-v0", "total_steps=2000", "algo.lr=3e-3"], 30.0),
+        (["model=lstm", "env.id=TargetMD-v0", "total_steps=2048", "algo.num_steps=32", "algo.num_minibatches=2"], 15.0),
+    ]
+    for i, (args, threshold) in enumerate(runs):
+        run = folder / f"run{i}"
+        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _final(run) >= threshold, (args, _final(run))

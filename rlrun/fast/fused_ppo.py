@@ -18,8 +18,13 @@ from rlrun.models.encoders import TwinMLP
 
 
 def fusable(model: nn.Module) -> bool:
-    """Whether the fused loss covers `model`: a feedforward actor-critic on separate MLP trunks."""
-    return isinstance(model, ActorCritic) and isinstance(model.trunk, TwinMLP)
+    """Whether the fused loss covers `model`: a feedforward actor-critic on separate MLP trunks, with a categorical
+    or Gaussian policy (not MultiDiscrete's or MultiBinary's, whose gradients it does not write)."""
+    return (
+        isinstance(model, ActorCritic)
+        and isinstance(model.trunk, TwinMLP)
+        and model.kind in ("categorical", "gaussian")
+    )
 
 
 def fused_params(model: ActorCritic) -> list[Tensor]:

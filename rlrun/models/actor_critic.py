@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -24,13 +25,26 @@ class _Policy(nn.Module):
     forward(obs) -> (policy output, value)."""
 
     def _init_distribution(self, action_space: gym.Space) -> int:
-        """Set up the distribution for `action_space`; returns the size of the policy output it takes."""
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"actor-critics support Discrete and Box action spaces, not {action_space}")
-        out = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        if not self.discrete:
+        """Set up the distribution for `action_space`; returns the size of the policy output it takes: categorical
+        logits (Discrete), independent categoricals' logits side by side (MultiDiscrete), Bernoulli logits
+        (MultiBinary), or a Gaussian mean with a state-independent log-std (Box)."""
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)  # what the accelerations handle, with Box
+        self.sizes: list[int] = []
+        if self.discrete:
+            self.kind, out = "categorical", int(action_space.n)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            self.kind, self.sizes = "multi_categorical", [int(n) for n in action_space.nvec.ravel()]
+            out = sum(self.sizes)
+        elif isinstance(action_space, gym.spaces.MultiBinary):
+            self.kind, out = "bernoulli", int(np.prod(action_space.shape))
+        elif isinstance(action_space, gym.spaces.Box):
+            self.kind, out = "gaussian", int(action_space.shape[0])
             self.log_std = nn.Parameter(torch.zeros(out))
+        else:
+            raise ValueError(
+                f"actor-critics take Discrete, Box, MultiDiscrete and MultiBinary actions, not {action_space}"
+            )
+        self.policy_size = out
         return out
 
     def _init_heads(self, features: int, action_space: gym.Space) -> None:
@@ -43,14 +57,25 @@ class _Policy(nn.Module):
             log_p = torch.log_softmax(out, -1)
             action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
             return action, D.categorical_log_prob(log_p, action)
-        action = out if deterministic else D.gaussian_sample(out, self.log_std)
-        return action, D.gaussian_log_prob(out, self.log_std, action)
+        if self.kind == "gaussian":
+            action = out if deterministic else D.gaussian_sample(out, self.log_std)
+            return action, D.gaussian_log_prob(out, self.log_std, action)
+        if self.kind == "multi_categorical":
+            action = D.multi_categorical_sample(out, self.sizes, deterministic)
+        else:
+            action = D.bernoulli_sample(out, deterministic)
+        return action, self.log_prob_entropy(out, action)[0]
 
     def log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        """(log-prob, entropy) of `actions` under the policy output `out` (any leading shape)."""
+        """(log-prob, entropy) of `actions` under the policy output `out` (any leading shape); summed over the
+        components of multi-dimensional actions."""
         if self.discrete:
             log_p = torch.log_softmax(out, -1)
             return D.categorical_log_prob(log_p, actions), D.categorical_entropy(log_p)
+        if self.kind == "multi_categorical":
+            return D.multi_categorical_log_prob_entropy(out, self.sizes, actions)
+        if self.kind == "bernoulli":
+            return D.bernoulli_log_prob_entropy(out, actions)
         return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
@@ -155,9 +180,8 @@ def build_actor_critic(
 ) -> ActorCritic | RecurrentActorCritic | UserActorCritic:
     if cfg._target_ is not None:
         model = UserActorCritic(instantiate_network(cfg, obs_space, action_space), action_space)
-        size = int(action_space.n) if model.discrete else int(action_space.shape[0])
-        head = "logits" if model.discrete else "Gaussian mean"
-        check_outputs(model, cfg._target_, obs_space, {head: (2, size), "value": (2,)})
+        head = "Gaussian mean" if model.kind == "gaussian" else "logits"
+        check_outputs(model, cfg._target_, obs_space, {head: (2, model.policy_size), "value": (2,)})
         return model
     if cfg.name in RECURRENT_MODELS:
         return RecurrentActorCritic(cfg, obs_space, action_space)
