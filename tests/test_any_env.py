@@ -8,6 +8,7 @@ import json
 
 import gymnasium as gym
 import pytest
+import torch
 import yaml
 
 from rlrun.config.preflight import preflight
@@ -202,3 +203,50 @@ def test_multidiscrete_and_multibinary_actions_learn_with_ppo_a2c_and_an_lstm(fo
         out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
         assert out.returncode == 0, out.stderr[-2000:]
         assert _final(run) >= threshold, (args, _final(run))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_discrete_image_and_dict_observations_learn_and_play(folder):
+    """FrozenLake (non-slippery; Discrete observations as one-hots) with PPO and DQN reach the goal (return 1, from
+    0 at random); frames in height-width-channel layout (7x7: the small CNN) and a Dict observation with its Text
+    key dropped (env.obs_keys) score 8 of 8 (random: 4, 2.7). `rlrun play` of the Dict run imports env.imports."""
+    frozen = ["env.id=FrozenLake-v1", "+env.kwargs.is_slippery=false"]
+    ppo = ["algo.num_steps=32", "algo.lr=1e-3", "algo.update_epochs=10", "algo.num_minibatches=1", "algo.gamma=0.98"]
+    dqn = ["algo.learning_starts=200", "algo.exploration_fraction=0.5", "algo.end_e=0.05", "algo.lr=1e-3"]
+    dqn += ["env.num_envs=1", "algo.target_update_interval=100", "algo.train_freq=1"]
+    mine = ["env.imports=[spaces_envs]", "env.num_envs=4", "algo.num_steps=32", "total_steps=2048"]
+    runs = {
+        "frozen_ppo": ([*frozen, *ppo, "total_steps=4096"], 1.0),
+        "frozen_dqn": (["algo=dqn", *frozen, *dqn, "total_steps=3000"], 1.0),
+        "frames": ([*mine, "env.id=Frames-v0"], 7.0),
+        "dict": ([*mine, "env.id=Notes-v0", "env.obs_keys=[pos,vec]"], 7.0),
+    }
+    for name, (args, threshold) in runs.items():
+        run = folder / name
+        out = rlrun("train", *args, "seed=1", "eval.episodes=4", "eval.num_envs=2", f"hydra.run.dir={run}", cwd=folder)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _final(run) >= threshold, (name, _final(run))
+    out = rlrun("play", f"checkpoint={folder / 'dict'}", "episodes=2", cwd=folder)
+    assert out.returncode == 0 and "unknown env id" not in out.stderr, out.stderr[-2000:]
+
+
+def test_images_get_a_cnn_in_channel_first_layout_whatever_the_env_gives(folder, monkeypatch):
+    """Frames [H, W, 3] reach the networks as [3, H, W] uint8; 7x7 ones get the small CNN, 40x40 the Nature CNN
+    (which needs 36x36), with model=mlp as with model=nature_cnn; DQN's network too."""
+    from rlrun.config import EnvConfig, ModelConfig
+    from rlrun.envs import env_spaces
+    from rlrun.models import build_actor_critic
+    from rlrun.models.encoders import NatureCNN, SmallCNN
+    from rlrun.models.q_network import build_q_network
+
+    monkeypatch.chdir(folder)
+    for size, cnn in ((7, SmallCNN), (40, NatureCNN)):
+        obs_space, action_space = env_spaces(EnvConfig(id="Frames-v0", imports=["spaces_envs"], kwargs={"size": size}))
+        assert obs_space.shape == (3, size, size) and obs_space.dtype == "uint8"
+        for name in ("mlp", "nature_cnn"):
+            model = build_actor_critic(ModelConfig(name=name), obs_space, action_space)
+            assert isinstance(model.trunk, cnn)
+            assert model.act(torch.from_numpy(obs_space.sample()[None]))[0].shape == (1,)
+        q = build_q_network(ModelConfig(), obs_space, action_space, dueling=False)
+        assert isinstance(q.encoder, cnn)

@@ -114,6 +114,7 @@ def check_env_id(env_id: str) -> None:
 
 def env_spaces(cfg: EnvConfig) -> tuple[gym.Space, gym.Space]:
     """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied)."""
+    import_env_modules(cfg.imports)
     env = make_env(cfg, train=False)()
     spaces = env.observation_space, env.action_space
     env.close()
