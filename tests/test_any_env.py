@@ -169,6 +169,10 @@ ERRORS = [
     (["env.id=Notes-v0", "env.obs_keys=[pos,size]"], "env.obs_keys: Notes-v0's observations have no key 'size'"),
     (["algo=dqn", "env.id=TargetMD-v0"], "algo=dqn needs a discrete action space (Discrete); TargetMD-v0 has"),
     (["algo=sac", "env.id=TargetMB-v0"], "algo=sac needs a continuous action space (a 1-D Box); TargetMB-v0 has"),
+    (  # a replay of uint8 frames is sized in bytes, and refused before the run when it cannot fit
+        ["algo=sac", "env.id=CarRacing-v3", "algo.buffer_size=100_000_000"],
+        "algo.buffer_size=100000000 observations of CarRacing-v3 (uint8 [3, 96, 96]) take 2574.9 GiB per rank",
+    ),
 ]
 
 
@@ -211,14 +215,10 @@ def test_discrete_image_and_dict_observations_learn_and_play(folder):
     """FrozenLake (non-slippery; Discrete observations as one-hots) with PPO and DQN reach the goal (return 1, from
     0 at random); frames in height-width-channel layout (7x7: the small CNN) and a Dict observation with its Text
     key dropped (env.obs_keys) score 8 of 8 (random: 4, 2.7). `rlrun play` of the Dict run imports env.imports."""
-    frozen = ["env.id=FrozenLake-v1", "+env.kwargs.is_slippery=false"]
-    ppo = ["algo.num_steps=32", "algo.lr=1e-3", "algo.update_epochs=10", "algo.num_minibatches=1", "algo.gamma=0.98"]
-    dqn = ["algo.learning_starts=200", "algo.exploration_fraction=0.5", "algo.end_e=0.05", "algo.lr=1e-3"]
-    dqn += ["env.num_envs=1", "algo.target_update_interval=100", "algo.train_freq=1"]
     mine = ["env.imports=[spaces_envs]", "env.num_envs=4", "algo.num_steps=32", "total_steps=2048"]
     runs = {
-        "frozen_ppo": ([*frozen, *ppo, "total_steps=4096"], 1.0),
-        "frozen_dqn": (["algo=dqn", *frozen, *dqn, "total_steps=3000"], 1.0),
+        "frozen_ppo": (["env=frozenlake", "total_steps=4096"], 1.0),  # conf/tuned/ppo_frozenlake.yaml
+        "frozen_dqn": (["algo=dqn", "env=frozenlake", "total_steps=3000"], 1.0),
         "frames": ([*mine, "env.id=Frames-v0"], 7.0),
         "dict": ([*mine, "env.id=Notes-v0", "env.obs_keys=[pos,vec]"], 7.0),
     }

@@ -172,12 +172,35 @@ def _preflight_train(typed: TrainConfig) -> None:
         if typed.env.id.startswith("ALE/") and not user_network:
             return  # frames and discrete actions, which every algorithm that takes them takes; a game loads slowly
         obs_space, action_space = env_spaces(typed.env)  # one env built: it builds, its spaces can be encoded
+        _check_replay_memory(typed, obs_space)
         if entry.actions:
             check_action_space(action_space, entry.actions, typed.env.id, typed.algo.name)
         if user_network:  # the user's network, built and run once on sample observations
             if entry.network is None:
                 raise UserError(f"algo={typed.algo.name} builds its own network; it takes no model._target_")
             entry.network(typed.algo, typed.model, obs_space, action_space)
+
+
+def _check_replay_memory(typed: TrainConfig, obs_space) -> None:
+    """A replay of observations that cannot fit in this machine's memory is refused before the run (numpy would
+    allocate it lazily and the run die of memory part way): uint8 images are stored as bytes, the rest as float32."""
+    import numpy as np
+
+    capacity = getattr(typed.algo, "buffer_size", None)  # the replay algorithms' key (DQN, SAC, TD3)
+    if capacity is None:
+        return
+    itemsize = 1 if obs_space.dtype == np.uint8 and len(obs_space.shape) == 3 else 4
+    per_rank = capacity * int(np.prod(obs_space.shape)) * itemsize
+    ranks = typed.distributed.nproc_per_node
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if per_rank * ranks > memory:
+        fits = memory // ranks // (per_rank // capacity)
+        gib = 2**30
+        raise UserError(
+            f"algo.buffer_size={capacity} observations of {typed.env.id} ({obs_space.dtype} {list(obs_space.shape)}) "
+            f"take {per_rank / gib:.1f} GiB per rank (x{ranks} on this node), more than this machine's "
+            f"{memory / gib:.1f} GiB: lower algo.buffer_size (below {fits} here)"
+        )
 
 
 def _resume_args(overrides: list[str], args: list[str]) -> list[str]:
