@@ -140,6 +140,38 @@ class Notes(gym.Env):
         return self._obs(), reward, False, self.t >= 8, {}
 
 
+class Masked(gym.Env):
+    """Action 0 pays 2, action 1 pays 1, action 2 nothing; at each step action 0 or action 1 is illegal (raises),
+    which the mask says: in an action_mask key of a Dict observation, or through action_masks() (method=True).
+    The best legal play scores 8 x 1.5 = 12; random legal play 6."""
+
+    def __init__(self, method=False):
+        self.method = method
+        box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        mask = gym.spaces.MultiBinary(3)
+        self.observation_space = box if method else gym.spaces.Dict({"pos": box, "action_mask": mask})
+        self.action_space = gym.spaces.Discrete(3)
+
+    def action_masks(self):
+        return self.mask
+
+    def _obs(self):
+        self.mask = np.array([0, 1, 1] if self.np_random.integers(2) else [1, 0, 1], np.int8)
+        pos = np.zeros(2, np.float32)
+        return pos if self.method else {"pos": pos, "action_mask": self.mask}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if not self.mask[action]:
+            raise RuntimeError(f"illegal action {action} under mask {self.mask}")
+        self.t += 1
+        return self._obs(), float([2, 1, 0][action]), False, self.t >= 8, {}
+
+
 class Broken(gym.Env):
     def __init__(self):
         raise ValueError("the simulator's licence file is missing")
@@ -150,6 +182,8 @@ gym.register("TargetMB-v0", entry_point=Target, kwargs={"kind": "multibinary"})
 gym.register("Frames-v0", entry_point=Frames)
 gym.register("Notes-v0", entry_point=Notes)
 gym.register("Broken-v0", entry_point=Broken)
+gym.register("Masked-v0", entry_point=Masked)
+gym.register("MaskedMethod-v0", entry_point=Masked, kwargs={"method": True})
 '''
 
 
@@ -250,3 +284,27 @@ def test_images_get_a_cnn_in_channel_first_layout_whatever_the_env_gives(folder,
             assert model.act(torch.from_numpy(obs_space.sample()[None]))[0].shape == (1,)
         q = build_q_network(ModelConfig(), obs_space, action_space, dueling=False)
         assert isinstance(q.encoder, cnn)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_masked_actions_are_never_taken_and_the_best_legal_one_is_learned(folder):
+    """The env raises on an illegal action, so a run that took one fails: PPO with masks from action_masks(), a
+    recurrent PPO on the Dict observation's action_mask key, and DQN (greedy, random draws and targets masked)."""
+    common = ["env.imports=[spaces_envs]", "seed=1", "eval.episodes=4", "eval.num_envs=2", "total_steps=2048"]
+    runs = {
+        "ppo_method": ["env.id=MaskedMethod-v0", "env.num_envs=4", "algo.num_steps=32"],
+        "lstm_dict": [
+            "env.id=Masked-v0",
+            "model=lstm",
+            "env.num_envs=4",
+            "algo.num_steps=32",
+            "algo.num_minibatches=2",
+        ],
+        "dqn_dict": ["algo=dqn", "env.id=Masked-v0", "env.num_envs=1", "algo.learning_starts=200", "algo.train_freq=1"],
+    }
+    for name, args in runs.items():
+        run = folder / name
+        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _final(run) >= 10.0, (name, _final(run))  # best legal play 12, random legal play 6

@@ -26,6 +26,24 @@ def channels_last(shape: tuple[int, ...]) -> bool:
     return shape[-1] in (1, 3, 4) and shape[0] not in (1, 3, 4)
 
 
+MASK_KEY = "action_mask"  # a Dict observation's key that holds the legal actions (PettingZoo's, torchrl's)
+
+
+class MaskedBox(gym.spaces.Box):
+    """The encoded observations of an env that gives action masks: its last `mask_size` entries are the mask (1:
+    legal), one per action (per component's action for MultiDiscrete, side by side). The networks read it there,
+    so rollouts, replays and every collector carry it with the observation."""
+
+    def __init__(self, size: int, mask_size: int):
+        super().__init__(-np.inf, np.inf, (size,), np.float32)
+        self.mask_size = mask_size
+
+
+def mask_size(space: gym.Space) -> int:
+    """How many action-mask entries end the observations of `space` (0: none)."""
+    return getattr(space, "mask_size", 0)
+
+
 def _parts(space: gym.Space, key: str, obs_keys: list[str] | None) -> list[tuple[str, gym.Space]]:
     """(key, space) of every leaf of a Dict/Tuple observation that is kept, keys as paths ('a.b', '0')."""
     if isinstance(space, gym.spaces.Tuple):
@@ -35,8 +53,8 @@ def _parts(space: gym.Space, key: str, obs_keys: list[str] | None) -> list[tuple
     out = []
     for name, sub in space.spaces.items():
         path = f"{key}.{name}" if key else name
-        if key == "" and obs_keys is not None and name not in obs_keys:
-            continue
+        if key == "" and (name == MASK_KEY or (obs_keys is not None and name not in obs_keys)):
+            continue  # the mask goes last (EncodeObservation)
         out += _parts(sub, path, None)
     return out
 
@@ -72,22 +90,52 @@ def _leaf(value, key: str):
 class EncodeObservation(gym.ObservationWrapper):
     """The env's observations as one array (the module's docstring says how each space is encoded)."""
 
-    def __init__(self, env: gym.Env, obs_keys: list[str] | None):
+    def __init__(self, env: gym.Env, env_id: str, obs_keys: list[str] | None):
         super().__init__(env)
         space = env.observation_space
+        self.env_id, self.steps = env_id, 0
         self.parts = _parts(space, "", obs_keys)
-        self.transpose = len(self.parts) == 1 and is_image(space) and channels_last(space.shape)
+        self.in_obs = isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
+        self.mask_size = _policy_size(env.action_space) if self.in_obs or hasattr(env.unwrapped, "action_masks") else 0
+        self.transpose = len(self.parts) == 1 and is_image(space) and channels_last(space.shape) and not self.mask_size
         if self.transpose:
             h, w, c = space.shape
             self.observation_space = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
+        elif self.mask_size:
+            size = sum(_size(s) for _, s in self.parts) + self.mask_size
+            self.observation_space = MaskedBox(size, self.mask_size)
         else:
             size = sum(_size(s) for _, s in self.parts)
             self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
 
+    def reset(self, **kwargs):
+        self.steps = 0
+        return super().reset(**kwargs)
+
+    def step(self, action):
+        self.steps += 1
+        return super().step(action)
+
     def observation(self, observation) -> np.ndarray:
         if self.transpose:
             return np.ascontiguousarray(np.moveaxis(observation, -1, 0))
-        return np.concatenate([_encode(s, _leaf(observation, k)) for k, s in self.parts])
+        parts = [_encode(s, _leaf(observation, k)) for k, s in self.parts]
+        if self.mask_size:
+            mask = observation[MASK_KEY] if self.in_obs else self.env.unwrapped.action_masks()
+            mask = np.asarray(mask, np.float32).ravel()
+            if not mask.any():
+                raise ValueError(f"{self.env_id} gave no legal action (an all-zero action mask) at step {self.steps}")
+            parts.append(mask)
+        return np.concatenate(parts)
+
+
+def _policy_size(space: gym.Space) -> int:
+    """Mask entries for an action space: one per action, or per component's action side by side."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    raise UserError(f"action masks are for Discrete and MultiDiscrete actions, not {space}")
 
 
 def needs_encoding(space: gym.Space) -> bool:
@@ -118,7 +166,7 @@ def check_observation_space(space: gym.Space, env_id: str, obs_keys: list[str] |
 def encode_observations(env: gym.Env, env_id: str, obs_keys: list[str] | None) -> gym.Env:
     """`env` with its observations as the networks take them (unchanged for Box vectors and CHW images)."""
     space = env.observation_space
-    if not needs_encoding(space) and obs_keys is None:
+    if not needs_encoding(space) and obs_keys is None and not hasattr(env.unwrapped, "action_masks"):
         return env
     check_observation_space(space, env_id, obs_keys)
-    return EncodeObservation(env, obs_keys)
+    return EncodeObservation(env, env_id, obs_keys)

@@ -19,11 +19,12 @@ from rlrun.models.encoders import TwinMLP
 
 def fusable(model: nn.Module) -> bool:
     """Whether the fused loss covers `model`: a feedforward actor-critic on separate MLP trunks, with a categorical
-    or Gaussian policy (not MultiDiscrete's or MultiBinary's, whose gradients it does not write)."""
+    or Gaussian policy (not MultiDiscrete's or MultiBinary's, whose gradients it does not write), without masks."""
     return (
         isinstance(model, ActorCritic)
         and isinstance(model.trunk, TwinMLP)
         and model.kind in ("categorical", "gaussian")
+        and not model.mask_size  # its logits come from the weights alone, without the observations' action masks
     )
 
 

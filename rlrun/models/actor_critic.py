@@ -19,6 +19,11 @@ from rlrun.models.recurrent import build_core, not_starts
 from rlrun.models.user import check_outputs
 
 
+def action_mask_size(obs_space: gym.Space) -> int:
+    """How many action-mask entries end the observations (rlrun.envs.spaces.MaskedBox's mask_size; 0: none)."""
+    return int(getattr(obs_space, "mask_size", 0))
+
+
 class _Policy(nn.Module):
     """The action distribution on a network's policy output (categorical logits, or a Gaussian mean with a
     state-independent log-std), and what the algorithms ask of a feedforward actor-critic, whose
@@ -46,6 +51,16 @@ class _Policy(nn.Module):
             )
         self.policy_size = out
         return out
+
+    def _init_mask(self, obs_space: gym.Space) -> None:
+        self.mask_size = action_mask_size(obs_space)
+
+    def _masked(self, out: Tensor, obs: Tensor) -> Tensor:
+        """The policy output with illegal actions' logits at -1e9 (probability 0, and 0 in the entropy), where the
+        env gives action masks: the last mask_size entries of the observations (rlrun/envs/spaces.py)."""
+        if not self.mask_size:
+            return out
+        return out.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
 
     def _init_heads(self, features: int, action_space: gym.Space) -> None:
         self.policy_head = layer_init(nn.Linear(features, self._init_distribution(action_space)), gain=0.01)
@@ -96,6 +111,7 @@ class ActorCritic(_Policy):
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
         name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype)
+        self._init_mask(obs_space)
         self.shared = cfg.shared or name != "mlp"  # a CNN is one trunk for both heads
         if self.shared:
             self.trunk, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
@@ -110,7 +126,7 @@ class ActorCritic(_Policy):
             actor = critic = self.trunk(obs)
         else:
             actor, critic = self.trunk(obs)
-        return self.policy_head(actor), self.value_head(critic).squeeze(-1)
+        return self._masked(self.policy_head(actor), obs), self.value_head(critic).squeeze(-1)
 
 
 class UserActorCritic(_Policy):
@@ -122,9 +138,11 @@ class UserActorCritic(_Policy):
         super().__init__()
         self.net = net
         self._init_distribution(action_space)
+        self.mask_size = 0
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        return self.net(obs)
+        out, value = self.net(obs)
+        return self._masked(out, obs), value
 
 
 class RecurrentActorCritic(_Policy):
@@ -137,6 +155,7 @@ class RecurrentActorCritic(_Policy):
 
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
+        self._init_mask(obs_space)
         name = encoder_name(cfg.encoder, obs_space.shape, obs_space.dtype)
         self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         self.core = build_core(cfg.name, features, cfg.core_size, cfg.activation, cfg.lru_decay)
@@ -152,7 +171,7 @@ class RecurrentActorCritic(_Policy):
     def _step(self, obs: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(policy head output, value [B], next state) for one step of a batch [B, ...]."""
         features, state = self.core.step(self.encoder(obs), state * not_starts(starts, state))
-        return self.policy_head(features), self.value_head(features).squeeze(-1), state
+        return self._masked(self.policy_head(features), obs), self.value_head(features).squeeze(-1), state
 
     def value(self, obs: Tensor, state: Tensor, starts: Tensor) -> Tensor:
         """V of obs [B, ...] after `state`; the state it would move to is not kept."""
@@ -171,7 +190,7 @@ class RecurrentActorCritic(_Policy):
         steps, envs = starts.shape
         features = self.encoder(obs.flatten(0, 1)).unflatten(0, (steps, envs))  # one batched call for all steps
         features, _ = self.core(features, state, starts)
-        out, value = self.policy_head(features), self.value_head(features).squeeze(-1)
+        out, value = self._masked(self.policy_head(features), obs), self.value_head(features).squeeze(-1)
         return *self.log_prob_entropy(out, actions), value
 
 
@@ -180,6 +199,7 @@ def build_actor_critic(
 ) -> ActorCritic | RecurrentActorCritic | UserActorCritic:
     if cfg._target_ is not None:
         model = UserActorCritic(instantiate_network(cfg, obs_space, action_space), action_space)
+        model.mask_size = action_mask_size(obs_space)
         head = "Gaussian mean" if model.kind == "gaussian" else "logits"
         check_outputs(model, cfg._target_, obs_space, {head: (2, model.policy_size), "value": (2,)})
         return model

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 
 from rlrun.config import ModelConfig
 from rlrun.config.instantiate import instantiate_network
+from rlrun.models.actor_critic import action_mask_size
 from rlrun.models.encoders import build_encoder, encoder_name
 from rlrun.models.user import check_outputs
 
@@ -22,12 +23,15 @@ class QNetwork(nn.Module):
         n = int(action_space.n)
         self.head = nn.Linear(features, n)  # advantages when dueling
         self.value = nn.Linear(features, 1) if dueling else None
+        self.mask_size = action_mask_size(obs_space)  # illegal actions' Q at -1e9: never greedy, never the max
 
     def forward(self, obs: Tensor) -> Tensor:
         x = self.encoder(obs)
         q = self.head(x)
         if self.value is not None:
             q = self.value(x) + q - q.mean(-1, keepdim=True)
+        if self.mask_size:
+            q = q.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
         return q
 
 
