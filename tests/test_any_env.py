@@ -203,6 +203,7 @@ ERRORS = [
     (["env.id=Notes-v0", "env.obs_keys=[pos,size]"], "env.obs_keys: Notes-v0's observations have no key 'size'"),
     (["algo=dqn", "env.id=TargetMD-v0"], "algo=dqn needs a discrete action space (Discrete); TargetMD-v0 has"),
     (["algo=sac", "env.id=TargetMB-v0"], "algo=sac needs a continuous action space (a 1-D Box); TargetMB-v0 has"),
+    (["env.id=Masked-v0", "algo.normalize_obs=true"], "algo.normalize_obs=true would rescale Masked-v0's action masks"),
     (  # a replay of uint8 frames is sized in bytes, and refused before the run when it cannot fit
         ["algo=sac", "env.id=CarRacing-v3", "algo.buffer_size=100_000_000"],
         "algo.buffer_size=100000000 observations of CarRacing-v3 (uint8 [3, 96, 96]) take 2574.9 GiB per rank",
@@ -308,3 +309,27 @@ def test_masked_actions_are_never_taken_and_the_best_legal_one_is_learned(folder
         out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
         assert out.returncode == 0, out.stderr[-2000:]
         assert _final(run) >= 10.0, (name, _final(run))  # best legal play 12, random legal play 6
+
+
+def test_multi_action_distributions_match_torch_distributions():
+    """Log-probs and entropies of independent categoricals and Bernoullis, summed over components, against
+    torch.distributions; masked logits (-1e9) give illegal actions probability 0 and no entropy."""
+    from torch.distributions import Bernoulli, Categorical
+
+    from rlrun.models import distributions as D
+
+    torch.manual_seed(0)
+    logits, sizes = torch.randn(5, 7), [3, 4]
+    actions = D.multi_categorical_sample(logits, sizes)
+    log_prob, entropy = D.multi_categorical_log_prob_entropy(logits, sizes, actions)
+    parts = [Categorical(logits=x) for x in logits.split(sizes, -1)]
+    assert torch.allclose(log_prob, sum(d.log_prob(actions[:, i]) for i, d in enumerate(parts)))
+    assert torch.allclose(entropy, sum(d.entropy() for d in parts))
+    bits = torch.randn(5, 4)
+    b = D.bernoulli_sample(bits)
+    log_prob, entropy = D.bernoulli_log_prob_entropy(bits, b)
+    assert torch.allclose(log_prob, Bernoulli(logits=bits).log_prob(b.float()).sum(-1))
+    assert torch.allclose(entropy, Bernoulli(logits=bits).entropy().sum(-1))
+    masked = torch.tensor([[0.3, -1e9, 0.1]])
+    assert D.categorical_entropy(torch.log_softmax(masked, -1)).isfinite().all()
+    assert (D.categorical_sample(torch.log_softmax(masked.expand(1000, 3), -1)) != 1).all()

@@ -173,6 +173,8 @@ def _preflight_train(typed: TrainConfig) -> None:
             return  # frames and discrete actions, which every algorithm that takes them takes; a game loads slowly
         obs_space, action_space = env_spaces(typed.env)  # one env built: it builds, its spaces can be encoded
         _check_replay_memory(typed, obs_space)
+        if getattr(obs_space, "mask_size", 0) and getattr(typed.algo, "normalize_obs", False):
+            raise UserError(f"algo.normalize_obs=true would rescale {typed.env.id}'s action masks; set it false")
         if entry.actions:
             check_action_space(action_space, entry.actions, typed.env.id, typed.algo.name)
         if user_network:  # the user's network, built and run once on sample observations
