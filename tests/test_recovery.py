@@ -34,12 +34,13 @@ class Flaky(gym.Wrapper):
         return self.env.step(action)
 
 class BadEval(gym.Wrapper):
-    '''CartPole; the third one made in a process (the eval env, after two training envs) raises when stepped.'''
+    '''CartPole; the fourth one made in a process (the eval env, after the pre-flight's check of the env's spaces
+    and two training envs) raises when stepped.'''
     made = 0
     def __init__(self):
         super().__init__(gym.make('CartPole-v1'))
         BadEval.made += 1
-        self.eval = BadEval.made > 2
+        self.eval = BadEval.made > 3
     def step(self, action):
         if self.eval:
             raise RuntimeError('eval env broke')
