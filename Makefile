@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) $(TORCH)
-	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,dev]'
+	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,envs,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not dist"
 
 bench: $(STAMP)
-	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,dev,bench]'
+	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,envs,dev,bench]'
 	OMP_NUM_THREADS=1 $(PY) bench/ppo_throughput.py
 
 # On a machine with CUDA: a short GPU run of each algorithm, 1 and 2 ranks, with an exact-resume check.

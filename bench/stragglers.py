@@ -38,7 +38,7 @@ def train(folder: Path, *overrides: str) -> dict:
 
 
 def slow_env(step_s: float, slow_rank: int | None = None, factor: float = 1.0) -> list[str]:
-    out = ["env.id=SlowCartPole-v0", "env.imports=[slow_envs]", f"+env.kwargs.step_s={step_s}"]
+    out = ["env.id=SlowCartPole-v0", "tuned=ppo_cartpole", "env.imports=[slow_envs]", f"+env.kwargs.step_s={step_s}"]
     if slow_rank is not None:
         out += [f"+env.kwargs.slow_ranks=[{slow_rank}]", f"+env.kwargs.factor={factor}"]
     return out
@@ -90,6 +90,7 @@ def in_rank(folder: Path, step_s: float) -> None:
         "eval.num_envs=1",
         f"+env.kwargs.step_s={step_s}",
         "env.id=SlowCartPole-v0",
+        "tuned=ppo_cartpole",
         "env.imports=[slow_envs]",
     ]
     print(f"\nOne rank, 8 envs on 2 workers, env step {step_s * 1e3:.1f} ms (sleep); resets instant or 50 ms")

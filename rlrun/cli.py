@@ -68,12 +68,17 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
 
 def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
     from rlrun.config.preflight import job_threads, train_config
+    from rlrun.config.presets import job_presets
     from rlrun.config.store import to_yaml
     from rlrun.distributed import from_env, launched_externally, requeue_count
     from rlrun.launch import launch, setup_rank_logging
     from rlrun.train import train
 
+    hydra_dir = run_dir / hc.output_subdir if hc.output_subdir else None
+    cfg, presets = job_presets(cfg, hc.runtime.choices, overrides, hydra_dir)
     typed, state = train_config(cfg, overrides, run_dir, requeued=requeue_count() > 0)
+    if state is None:
+        logging.getLogger("rlrun").info(presets)
     typed = job_threads(typed, OmegaConf.select(hc.launcher, "n_jobs", default=None))
     config_yaml = to_yaml(replace(typed, resume=None))
     d = typed.distributed

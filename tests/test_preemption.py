@@ -120,7 +120,13 @@ def test_a_recurrent_policy_is_cut_on_whole_sequences_and_ranks_stay_in_sync():
     assert any((a != b).any() for a, b in zip(ranks[0]["before"], ranks[0]["after"]))
 
 
-SLOW = ["env.id=SlowCartPole-v0", "env.imports=[slow_envs]", "+env.kwargs.step_s=0.0005", "env.num_envs=4"]
+SLOW = [
+    "env.id=SlowCartPole-v0",
+    "tuned=ppo_cartpole",
+    "env.imports=[slow_envs]",
+    "+env.kwargs.step_s=0.0005",
+    "env.num_envs=4",
+]
 COMMON = ["logging.progress=plain", "eval.every_steps=0", "eval.episodes=2", "eval.num_envs=2"]
 
 

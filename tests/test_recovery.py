@@ -34,8 +34,8 @@ class Flaky(gym.Wrapper):
         return self.env.step(action)
 
 class BadEval(gym.Wrapper):
-    '''CartPole; the fourth one made in a process (the eval env, after the pre-flight's env checker's and two
-    training envs) raises when stepped.'''
+    '''CartPole; the fourth one made in a process (the eval env, after the pre-flight's env and two training envs)
+    raises when stepped.'''
     made = 0
     def __init__(self):
         super().__init__(gym.make('CartPole-v1'))

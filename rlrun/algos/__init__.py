@@ -30,7 +30,8 @@ __all__ = [
 class Entry:
     """An algorithm in the registry: its config schema (conf/algo/NAME.yaml is checked against it) and how to
     build it: a class, or "module:Class" imported when a run builds one. `actions` says which action spaces it
-    takes, "discrete" or "continuous" (the config check builds an env to see), or None for any. `network` (its
+    takes, "discrete", "continuous" or "policy" (rlrun.envs.check_action_space; the config check builds an env to
+    see), or None for any. `network` (its
     config section, the model config, observation space, action space) builds its network, which the config check
     does for a user's network (model._target_) to check it before a run starts; an algorithm without one takes no
     user network."""
@@ -60,8 +61,8 @@ def q_network(cfg, model_cfg: ModelConfig, obs_space, action_space):
 
 
 ALGORITHMS: dict[str, Entry] = {
-    "ppo": Entry(PPOConfig, "rlrun.algos.ppo:PPO", actor_critic),
-    "a2c": Entry(A2CConfig, "rlrun.algos.a2c:A2C", actor_critic),
+    "ppo": Entry(PPOConfig, "rlrun.algos.ppo:PPO", actor_critic, actions="policy"),
+    "a2c": Entry(A2CConfig, "rlrun.algos.a2c:A2C", actor_critic, actions="policy"),
     "dqn": Entry(DQNConfig, "rlrun.algos.dqn:DQN", q_network, actions="discrete"),
     "sac": Entry(SACConfig, "rlrun.algos.sac:SAC", actions="continuous"),
     "td3": Entry(TD3Config, "rlrun.algos.td3:TD3", actions="continuous"),

@@ -24,6 +24,7 @@ from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.envs import check_action_space
 from rlrun.models import trainable
 from rlrun.models.continuous import TwinQ
+from rlrun.models.encoders import observation_dtype
 
 
 class ActionBounds:
@@ -64,7 +65,9 @@ class ContinuousControl(ReplayAlgorithm):
 
     def __init__(self, cfg: ContinuousControlConfig, spec: EnvSpec, device: torch.device, reductions=None):
         self.bounds = ActionBounds(spec.action_space, cfg.name)
-        super().__init__(cfg, spec, device, reductions or Reductions(), torch.float32, (self.bounds.dim,), np.float32)
+        obs = spec.observation_space  # uint8 images stay bytes in the replay (a quarter of float32's size)
+        obs_dtype = observation_dtype(obs.shape, obs.dtype)
+        super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.obs_dim = math.prod(spec.observation_space.shape)
         self.critic_learner: nn.Module
         self.actor_learner: nn.Module

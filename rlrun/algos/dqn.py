@@ -21,6 +21,7 @@ from rlrun.algos.protocol import EnvSpec, Reductions
 from rlrun.config import ModelConfig
 from rlrun.errors import UserError
 from rlrun.models import trainable
+from rlrun.models.actor_critic import action_mask_size
 from rlrun.models.encoders import observation_dtype
 from rlrun.models.q_network import build_q_network
 
@@ -83,6 +84,7 @@ class DQN(ReplayAlgorithm):
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
         self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
         self.num_actions = int(action_space.n)
+        self.mask_size = action_mask_size(obs_space)  # the env's action masks end its observations
         self.epsilon = cfg.start_e
 
     @functools.cached_property
@@ -92,8 +94,12 @@ class DQN(ReplayAlgorithm):
         return torch.optim.Adam(self.trained, lr=self.cfg.lr, eps=self.cfg.adam_eps)
 
     def _greedy_or_random(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
-        greedy = self.model(self._obs(obs)).argmax(-1).cpu()
-        random = torch.randint(self.num_actions, greedy.shape)
+        x = self._obs(obs)
+        greedy = self.model(x).argmax(-1).cpu()
+        if self.mask_size:  # random draws among the legal actions only
+            random = torch.multinomial(x[:, -self.mask_size :].float().cpu(), 1).squeeze(-1)
+        else:
+            random = torch.randint(self.num_actions, greedy.shape)
         return torch.where(torch.rand(greedy.shape) < epsilon, random, greedy).numpy()
 
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:

@@ -121,14 +121,15 @@ class PPO:
         self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
         self.policy: nn.Module = self.model  # what acts while collecting: .act(obs), .value(obs) (feedforward)
         self.collect_steps: CollectSteps = self._act_and_step
-        discrete = isinstance(action_space, gym.spaces.Discrete)
+        # integer actions: an index (Discrete), or one per component (MultiDiscrete, MultiBinary)
+        discrete = isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
         self.rollout = Rollout(
             cfg.num_steps,
             spec.num_envs,
             obs_space.shape,
             torch.float32 if cfg.normalize_obs else self.obs_dtype,
-            () if discrete else action_space.shape,
+            () if isinstance(action_space, gym.spaces.Discrete) else action_space.shape,
             torch.long if discrete else torch.float32,
             device,
             self.model.state_size if self.recurrent else 0,

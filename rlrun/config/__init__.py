@@ -52,6 +52,8 @@ class EnvConfig:
     imports: list[str] = field(default_factory=list)  # modules that register your own envs (gym.register)
     # A NaN or infinite observation or reward ends the run naming the env; false for envs that use NaN on purpose.
     check_finite: bool = True
+    # Dict observations: the keys the networks see (null: all); drops what cannot be encoded (MiniGrid's mission)
+    obs_keys: list[str] | None = None
     vector: VectorConfig = field(default_factory=VectorConfig)
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
@@ -26,6 +26,7 @@ from rlrun.config.hydra_compat import (
     parse_overrides,
     runs_nothing,
 )
+from rlrun.config.presets import preset_override
 from rlrun.config.store import GROUPS, from_yaml
 from rlrun.errors import UserError
 
@@ -146,8 +147,10 @@ def preflight(command: str, args: list[str]) -> list[str]:
         if exact != overrides:
             args = [exact[overrides.index(a)] if a in overrides else a for a in args]
             overrides, combos = exact, _combinations(exact)
+        presets = set()
         for combo in combos:
-            typed = _composed(command, combo)
+            typed, preset = _composed(command, combo)
+            presets.add(preset)
             if command == "train":
                 _preflight_train(typed, runs)
             else:
@@ -158,18 +161,38 @@ def preflight(command: str, args: list[str]) -> list[str]:
                     check_device_present(typed.device)
                     load_checkpoint(typed.checkpoint)
     if command == "train":
+        # One preset decision for every job is made here, so .hydra/ shows it; a sweep whose jobs differ (over
+        # env.id, say) has each job decide for itself (rlrun.config.presets.job_presets).
+        if len(presets) == 1 and None not in presets:
+            # beside the other overrides: Hydra's parser takes one run of them (`a=1 --cfg job b=2` is an error)
+            at = max((i + 1 for i, a in enumerate(args) if a in overrides), default=0)
+            args = [*args[:at], presets.pop(), *args[at:]]
         return _resume_args(overrides, args)
     return args
 
 
-def _composed(command: str, combo: list[str]):
-    """The typed config `combo` composes to; UserError with one line for every way it cannot."""
+def _compose(command: str, combo: list[str]) -> DictConfig:
     try:
-        cfg = compose(command, overrides=combo)
+        return compose(command, overrides=combo, return_hydra_config=command == "train")
     except COMPOSITION_ERRORS as e:
         raise UserError(error_line(e, _reference(command, combo))) from e
     except AssertionError as e:  # OmegaConf's way of refusing a key below a null node
         raise UserError(null_parent_line(combo, _reference(command, combo))) from e
+
+
+def _composed(command: str, combo: list[str]) -> tuple[object, str | None]:
+    """The typed config `combo` composes to, with the preset override it needs (None: none; rlrun/config/presets.py),
+    or UserError with one line for every way it cannot be composed."""
+    cfg, preset = _compose(command, combo), None
+    if command == "train":
+        with open_dict(cfg):
+            choices = cfg.pop("hydra").runtime.choices
+        # a resumed run keeps its checkpoint's groups; resume=auto's new run decides in its job
+        preset = None if cfg.resume is not None else preset_override(choices, cfg.env.id, combo)
+        if preset is not None:
+            cfg = _compose(command, [*combo, preset])
+            with open_dict(cfg):
+                del cfg["hydra"]
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:  # a required key left unset (e.g. play checkpoint=...)
@@ -178,7 +201,7 @@ def _composed(command: str, combo: list[str]):
     unknown = _unknown_keys(cfg, OmegaConf.structured(typed))
     if unknown:
         raise UserError(f"unknown key '{unknown[0]}' (added with +); the schema has no such key")
-    return typed
+    return typed, preset
 
 
 def _exact_integers(command: str, overrides: list[str]) -> list[str]:
@@ -226,17 +249,42 @@ def _preflight_train(typed: TrainConfig, runs: bool) -> None:
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
         entry, user_network = ALGORITHMS[typed.algo.name], typed.model._target_ is not None
+        if typed.env.id.startswith("ALE/") and not user_network:
+            return  # frames and discrete actions, which every algorithm that takes them takes; a game loads slowly
         check_env = runs and third_party(typed.env.id) and typed.env.id not in ENV_CHECK_WARNINGS
-        if not (entry.actions or user_network or check_env):
-            return
         found = ENV_CHECK_WARNINGS.setdefault(typed.env.id, []) if check_env else None
-        obs_space, action_space = env_spaces(typed.env, found)  # one env built, for every check
+        obs_space, action_space = env_spaces(typed.env, found)  # one env: it builds, its spaces encode, it checks
+        _check_replay_memory(typed, obs_space)
+        if getattr(obs_space, "mask_size", 0) and getattr(typed.algo, "normalize_obs", False):
+            raise UserError(f"algo.normalize_obs=true would rescale {typed.env.id}'s action masks; set it false")
         if entry.actions:
             check_action_space(action_space, entry.actions, typed.env.id, typed.algo.name)
         if user_network:  # the user's network, built and run once on sample observations
             if entry.network is None:
                 raise UserError(f"algo={typed.algo.name} builds its own network; it takes no model._target_")
             entry.network(typed.algo, typed.model, obs_space, action_space)
+
+
+def _check_replay_memory(typed: TrainConfig, obs_space) -> None:
+    """A replay of observations that cannot fit in this machine's memory is refused before the run (numpy would
+    allocate it lazily and the run die of memory part way): uint8 images are stored as bytes, the rest as float32."""
+    import numpy as np
+
+    capacity = getattr(typed.algo, "buffer_size", None)  # the replay algorithms' key (DQN, SAC, TD3)
+    if capacity is None:
+        return
+    itemsize = 1 if obs_space.dtype == np.uint8 and len(obs_space.shape) == 3 else 4
+    per_rank = capacity * int(np.prod(obs_space.shape)) * itemsize
+    ranks = typed.distributed.nproc_per_node
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if per_rank * ranks > memory:
+        fits = memory // ranks // (per_rank // capacity)
+        gib = 2**30
+        raise UserError(
+            f"algo.buffer_size={capacity} observations of {typed.env.id} ({obs_space.dtype} {list(obs_space.shape)}) "
+            f"take {per_rank / gib:.1f} GiB per rank (x{ranks} on this node), more than this machine's "
+            f"{memory / gib:.1f} GiB: lower algo.buffer_size (below {fits} here)"
+        )
 
 
 def _resume_args(overrides: list[str], args: list[str]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ import numpy as np
 from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
 from rlrun.envs.masked import register_envs
+from rlrun.envs.spaces import encode_observations
 from rlrun.errors import UserError
 
 log = logging.getLogger("rlrun")
@@ -66,12 +68,47 @@ def import_env_modules(modules: list[str]) -> None:
             raise UserError(f"env.imports: cannot import '{name}': {e}") from e
 
 
+# Env ids that packages register when imported: (id prefix, module to import, what to pip install).
+KNOWN_PACKAGES = (
+    ("MiniGrid-", "minigrid", "minigrid"),
+    ("BabyAI-", "minigrid", "minigrid"),
+    ("MiniWorld-", "miniworld", "miniworld"),
+    ("highway-", "highway_env", "highway-env"),
+    ("merge-", "highway_env", "highway-env"),
+    ("roundabout-", "highway_env", "highway-env"),
+    ("parking-", "highway_env", "highway-env"),
+    ("intersection-", "highway_env", "highway-env"),
+    ("racetrack-", "highway_env", "highway-env"),
+    ("Panda", "panda_gym", "panda-gym"),
+    ("Fetch", "gymnasium_robotics", "gymnasium-robotics"),
+    ("PointMaze", "gymnasium_robotics", "gymnasium-robotics"),
+    ("AntMaze", "gymnasium_robotics", "gymnasium-robotics"),
+    ("Adroit", "gymnasium_robotics", "gymnasium-robotics"),
+    ("MinAtar/", "minatar", "minatar"),
+    ("Craftax", "craftax", "craftax"),
+)
+
+
+def _package_hint(env_id: str) -> str | None:
+    """What to install or import for an id a known package registers."""
+    for prefix, module, package in KNOWN_PACKAGES:
+        if env_id.startswith(prefix):
+            if importlib.util.find_spec(module) is None:
+                return f"it is registered by the {package} package: pip install {package}, add env.imports=[{module}]"
+            return f"it is registered by the {module} module: add env.imports=[{module}]"
+    return None
+
+
 def check_env_id(env_id: str) -> None:
-    """Raise UserError naming close matches when gymnasium does not know `env_id`."""
+    """Raise UserError naming close matches, or the package that registers it, when gymnasium does not know
+    `env_id`."""
     if env_id.startswith("ALE/"):
         _register_ale()
     if env_id in gym.registry:
         return
+    hint = _package_hint(env_id)
+    if hint is not None:
+        raise UserError(f"unknown env id '{env_id}': {hint}")
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else " (gymnasium ids look like CartPole-v1, ALE/Pong-v5)"
     raise UserError(f"unknown env id '{env_id}'{hint}")
@@ -81,6 +118,7 @@ def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tup
     """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied). Given
     a list, the env also goes through gymnasium's passive env checker (built, reset and stepped once), and the list
     gets each of its warnings as one line; an API violation it asserts is a UserError."""
+    import_env_modules(cfg.imports)
     if checker_warnings is None:
         env = make_env(cfg, train=False)()
     else:
@@ -112,9 +150,17 @@ def third_party(env_id: str) -> bool:
 
 def check_action_space(space: gym.Space, kind: str, env_id: str, algo: str) -> None:
     """Raise UserError when the env's action space is not of the `kind` the algorithm takes: "discrete" (Discrete:
-    value-based algorithms) or "continuous" (a 1-D Box with finite bounds: SAC and TD3 scale actions to them)."""
+    value-based algorithms), "continuous" (a 1-D Box with finite bounds: SAC and TD3 scale actions to them) or
+    "policy" (Discrete, a 1-D Box, MultiDiscrete or MultiBinary: policy gradients, one distribution for each)."""
     if kind == "discrete" and not isinstance(space, gym.spaces.Discrete):
-        raise UserError(f"algo={algo} needs a discrete action space; {env_id} has {space}")
+        raise UserError(f"algo={algo} needs a discrete action space (Discrete); {env_id} has {space}")
+    if kind == "policy":
+        box = isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+        multi = isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)) and len(space.shape) == 1
+        if not (box or multi or isinstance(space, gym.spaces.Discrete)):
+            raise UserError(
+                f"algo={algo} takes Discrete, Box, MultiDiscrete or MultiBinary actions (1-D); {env_id} has {space}"
+            )
     if kind != "continuous":
         return
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
@@ -160,6 +206,24 @@ class ClipToBounds(gym.ActionWrapper):
         return np.clip(action, self.action_space.low, self.action_space.high)
 
 
+def _gym_make(env_id, kwargs: dict, **options) -> gym.Env:
+    """gym.make, with the two mistakes a user can fix said in one line: env.kwargs the constructor does not take,
+    and a package the env needs. Any other exception is the env's own and keeps its traceback."""
+    try:
+        return gym.make(env_id, **options, **kwargs)
+    except gym.error.DependencyNotInstalled as e:
+        extra = " (pip install 'rlrun[envs]')" if "box2d" in str(e).lower() else ""
+        raise UserError(f"env {_name(env_id)} needs a package that is not installed: {e}{extra}") from e
+    except TypeError as e:
+        if kwargs and "unexpected keyword argument" in str(e):
+            raise UserError(f"cannot make env {_name(env_id)} with env.kwargs={kwargs}: {e}") from e
+        raise
+
+
+def _name(env_id) -> str:
+    return f"'{env_id.id if isinstance(env_id, gym.envs.registration.EnvSpec) else env_id}'"
+
+
 def make_env(
     cfg: EnvConfig, train: bool, render_mode: str | None = None, seed: int | None = None, check: bool = False
 ) -> Callable[[], gym.Env]:
@@ -186,13 +250,14 @@ def make_env(
             kwargs["render_mode"] = render_mode
         if atari is None:
             env = gym.wrappers.RecordEpisodeStatistics(
-                gym.make(cfg.id, max_episode_steps=cfg.max_episode_steps, **kwargs)
+                _gym_make(cfg.id, kwargs, max_episode_steps=cfg.max_episode_steps)
             )
+            env = encode_observations(env, cfg.id, cfg.obs_keys)
         else:
             from rlrun.envs.atari_seeded import seeded_spec
 
             env = gym.wrappers.AtariPreprocessing(
-                gym.make(cfg.id if seed is None else seeded_spec(cfg.id, seed), **kwargs),
+                _gym_make(cfg.id if seed is None else seeded_spec(cfg.id, seed), kwargs),
                 noop_max=atari.noop_max,
                 frame_skip=atari.frame_skip,
                 screen_size=atari.screen_size,
@@ -230,19 +295,14 @@ def make_vector_env(
     v = cfg.vector
     groups = 2 if v.double_buffer and train else 1
     role = "env worker" if train else "eval env worker"
-    try:
-        if v.backend == "ray":
-            from rlrun.envs.ray_envs import RayEnvs
+    if v.backend == "ray":
+        from rlrun.envs.ray_envs import RayEnvs
 
-            return RayEnvs(cfg, num_envs, train, groups, role, lazy=not train, seeds=seeds)
-        if v.backend == "subproc":
-            workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
-            return WorkerPool(
-                fns, workers, v.step_timeout_s, groups, role, lazy=not train, check_finite=cfg.check_finite
-            )
-        return SyncEnvs(fns, cfg.check_finite)
-    except (gym.error.Error, TypeError) as e:
-        raise UserError(f"cannot make env '{cfg.id}' with env.kwargs={dict(cfg.kwargs)}: {e}") from e
+        return RayEnvs(cfg, num_envs, train, groups, role, lazy=not train, seeds=seeds)
+    if v.backend == "subproc":
+        workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
+        return WorkerPool(fns, workers, v.step_timeout_s, groups, role, lazy=not train, check_finite=cfg.check_finite)
+    return SyncEnvs(fns, cfg.check_finite)
 
 
 def env_seeds(seed: int, rank: int, num_envs: int, stream: int = 0) -> list[int]:

@@ -91,15 +91,17 @@ def _accelerate_continuous(algo: ContinuousControl) -> list[str]:
 
 def _workers_can_act(algo: PPO, envs: VectorEnv) -> bool:
     """algo.act_in_workers, on a worker pool or Ray actors not double-buffering (then the rank acts for one half while
-    the other steps), for a feedforward CPU policy without observation normalization (whose statistics move
-    every step, in the rank) and without buffers (the workers' copies see the parameters only), and without
-    straggler preemption (the workers run a rollout through without hearing from the rank, which cuts it)."""
+    the other steps), for a feedforward CPU policy with a categorical or Gaussian distribution, without observation
+    normalization (whose statistics move every step, in the rank) and without buffers (the workers' copies see the
+    parameters only), and without straggler preemption (the workers run a rollout through without hearing from the
+    rank, which cuts it)."""
     return (
         algo.cfg.act_in_workers
         and algo.cfg.preempt_fraction is None
         and isinstance(envs, (WorkerPool, RayEnvs))
         and len(envs.groups) == 1
         and type(algo.model) is ActorCritic  # the workers build their copies of rlrun's own networks
+        and algo.model.kind in ("categorical", "gaussian")  # the samplers they draw the rank's noise for
         and not algo.cfg.normalize_obs
         and algo.device.type == "cpu"
         and not any(True for _ in algo.model.buffers())

@@ -18,8 +18,14 @@ from rlrun.models.encoders import TwinMLP
 
 
 def fusable(model: nn.Module) -> bool:
-    """Whether the fused loss covers `model`: a feedforward actor-critic on separate MLP trunks."""
-    return isinstance(model, ActorCritic) and isinstance(model.trunk, TwinMLP)
+    """Whether the fused loss covers `model`: a feedforward actor-critic on separate MLP trunks, with a categorical
+    or Gaussian policy (not MultiDiscrete's or MultiBinary's, whose gradients it does not write), without masks."""
+    return (
+        isinstance(model, ActorCritic)
+        and isinstance(model.trunk, TwinMLP)
+        and model.kind in ("categorical", "gaussian")
+        and not model.mask_size  # its logits come from the weights alone, without the observations' action masks
+    )
 
 
 def fused_params(model: ActorCritic) -> list[Tensor]:

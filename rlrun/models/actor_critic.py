@@ -7,15 +7,21 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlrun.config import RECURRENT_MODELS, ModelConfig
 from rlrun.config.instantiate import instantiate_network
 from rlrun.models import distributions as D
-from rlrun.models.encoders import TwinMLP, build_encoder, layer_init
+from rlrun.models.encoders import TwinMLP, build_encoder, encoder_name, layer_init
 from rlrun.models.recurrent import build_core, not_starts
 from rlrun.models.user import check_outputs
+
+
+def action_mask_size(obs_space: gym.Space) -> int:
+    """How many action-mask entries end the observations (rlrun.envs.spaces.MaskedBox's mask_size; 0: none)."""
+    return int(getattr(obs_space, "mask_size", 0))
 
 
 class _Policy(nn.Module):
@@ -24,14 +30,37 @@ class _Policy(nn.Module):
     forward(obs) -> (policy output, value)."""
 
     def _init_distribution(self, action_space: gym.Space) -> int:
-        """Set up the distribution for `action_space`; returns the size of the policy output it takes."""
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if not self.discrete and not isinstance(action_space, gym.spaces.Box):
-            raise ValueError(f"actor-critics support Discrete and Box action spaces, not {action_space}")
-        out = int(action_space.n) if self.discrete else int(action_space.shape[0])
-        if not self.discrete:
+        """Set up the distribution for `action_space`; returns the size of the policy output it takes: categorical
+        logits (Discrete), independent categoricals' logits side by side (MultiDiscrete), Bernoulli logits
+        (MultiBinary), or a Gaussian mean with a state-independent log-std (Box)."""
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)  # what the accelerations handle, with Box
+        self.sizes: list[int] = []
+        if self.discrete:
+            self.kind, out = "categorical", int(action_space.n)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            self.kind, self.sizes = "multi_categorical", [int(n) for n in action_space.nvec.ravel()]
+            out = sum(self.sizes)
+        elif isinstance(action_space, gym.spaces.MultiBinary):
+            self.kind, out = "bernoulli", int(np.prod(action_space.shape))
+        elif isinstance(action_space, gym.spaces.Box):
+            self.kind, out = "gaussian", int(action_space.shape[0])
             self.log_std = nn.Parameter(torch.zeros(out))
+        else:
+            raise ValueError(
+                f"actor-critics take Discrete, Box, MultiDiscrete and MultiBinary actions, not {action_space}"
+            )
+        self.policy_size = out
         return out
+
+    def _init_mask(self, obs_space: gym.Space) -> None:
+        self.mask_size = action_mask_size(obs_space)
+
+    def _masked(self, out: Tensor, obs: Tensor) -> Tensor:
+        """The policy output with illegal actions' logits at -1e9 (probability 0, and 0 in the entropy), where the
+        env gives action masks: the last mask_size entries of the observations (rlrun/envs/spaces.py)."""
+        if not self.mask_size:
+            return out
+        return out.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
 
     def _init_heads(self, features: int, action_space: gym.Space) -> None:
         self.policy_head = layer_init(nn.Linear(features, self._init_distribution(action_space)), gain=0.01)
@@ -43,14 +72,25 @@ class _Policy(nn.Module):
             log_p = torch.log_softmax(out, -1)
             action = out.argmax(-1) if deterministic else D.categorical_sample(log_p)
             return action, D.categorical_log_prob(log_p, action)
-        action = out if deterministic else D.gaussian_sample(out, self.log_std)
-        return action, D.gaussian_log_prob(out, self.log_std, action)
+        if self.kind == "gaussian":
+            action = out if deterministic else D.gaussian_sample(out, self.log_std)
+            return action, D.gaussian_log_prob(out, self.log_std, action)
+        if self.kind == "multi_categorical":
+            action = D.multi_categorical_sample(out, self.sizes, deterministic)
+        else:
+            action = D.bernoulli_sample(out, deterministic)
+        return action, self.log_prob_entropy(out, action)[0]
 
     def log_prob_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        """(log-prob, entropy) of `actions` under the policy output `out` (any leading shape)."""
+        """(log-prob, entropy) of `actions` under the policy output `out` (any leading shape); summed over the
+        components of multi-dimensional actions."""
         if self.discrete:
             log_p = torch.log_softmax(out, -1)
             return D.categorical_log_prob(log_p, actions), D.categorical_entropy(log_p)
+        if self.kind == "multi_categorical":
+            return D.multi_categorical_log_prob_entropy(out, self.sizes, actions)
+        if self.kind == "bernoulli":
+            return D.bernoulli_log_prob_entropy(out, actions)
         return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
@@ -70,12 +110,14 @@ class _Policy(nn.Module):
 class ActorCritic(_Policy):
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
-        if cfg.shared:
-            self.trunk, features = build_encoder(cfg.name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype)
+        self._init_mask(obs_space)
+        self.shared = cfg.shared or name != "mlp"  # a CNN is one trunk for both heads
+        if self.shared:
+            self.trunk, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         else:  # separate actor and critic trunks (CleanRL's classic-control layout)
             self.trunk = TwinMLP(math.prod(obs_space.shape), cfg.hidden_sizes, cfg.activation)
             features = self.trunk.out_dim
-        self.shared = cfg.shared
         self._init_heads(features, action_space)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
@@ -84,7 +126,7 @@ class ActorCritic(_Policy):
             actor = critic = self.trunk(obs)
         else:
             actor, critic = self.trunk(obs)
-        return self.policy_head(actor), self.value_head(critic).squeeze(-1)
+        return self._masked(self.policy_head(actor), obs), self.value_head(critic).squeeze(-1)
 
 
 class UserActorCritic(_Policy):
@@ -96,9 +138,14 @@ class UserActorCritic(_Policy):
         super().__init__()
         self.net = net
         self._init_distribution(action_space)
+        self.mask_size = 0
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        return self.net(obs)
+        outputs = self.net(obs)
+        if not self.mask_size:  # as the network returns them, for check_outputs to judge
+            return outputs
+        out, value = outputs
+        return self._masked(out, obs), value
 
 
 class RecurrentActorCritic(_Policy):
@@ -111,7 +158,9 @@ class RecurrentActorCritic(_Policy):
 
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
-        self.encoder, features = build_encoder(cfg.encoder, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        self._init_mask(obs_space)
+        name = encoder_name(cfg.encoder, obs_space.shape, obs_space.dtype)
+        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         self.core = build_core(cfg.name, features, cfg.core_size, cfg.activation, cfg.lru_decay)
         self._init_heads(self.core.out_dim, action_space)
 
@@ -125,7 +174,7 @@ class RecurrentActorCritic(_Policy):
     def _step(self, obs: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(policy head output, value [B], next state) for one step of a batch [B, ...]."""
         features, state = self.core.step(self.encoder(obs), state * not_starts(starts, state))
-        return self.policy_head(features), self.value_head(features).squeeze(-1), state
+        return self._masked(self.policy_head(features), obs), self.value_head(features).squeeze(-1), state
 
     def value(self, obs: Tensor, state: Tensor, starts: Tensor) -> Tensor:
         """V of obs [B, ...] after `state`; the state it would move to is not kept."""
@@ -144,7 +193,7 @@ class RecurrentActorCritic(_Policy):
         steps, envs = starts.shape
         features = self.encoder(obs.flatten(0, 1)).unflatten(0, (steps, envs))  # one batched call for all steps
         features, _ = self.core(features, state, starts)
-        out, value = self.policy_head(features), self.value_head(features).squeeze(-1)
+        out, value = self._masked(self.policy_head(features), obs), self.value_head(features).squeeze(-1)
         return *self.log_prob_entropy(out, actions), value
 
 
@@ -153,9 +202,9 @@ def build_actor_critic(
 ) -> ActorCritic | RecurrentActorCritic | UserActorCritic:
     if cfg._target_ is not None:
         model = UserActorCritic(instantiate_network(cfg, obs_space, action_space), action_space)
-        size = int(action_space.n) if model.discrete else int(action_space.shape[0])
-        head = "logits" if model.discrete else "Gaussian mean"
-        check_outputs(model, cfg._target_, obs_space, {head: (2, size), "value": (2,)})
+        model.mask_size = action_mask_size(obs_space)
+        head = "Gaussian mean" if model.kind == "gaussian" else "logits"
+        check_outputs(model, cfg._target_, obs_space, {head: (2, model.policy_size), "value": (2,)})
         return model
     if cfg.name in RECURRENT_MODELS:
         return RecurrentActorCritic(cfg, obs_space, action_space)

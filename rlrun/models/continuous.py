@@ -42,7 +42,7 @@ class GaussianActor(nn.Module):
         self.net = mlp(obs_dim, hidden_sizes, activation, 2 * action_dim)  # mean and log-std, one output layer
 
     def _moments(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        mean, log_std = self.net(obs).chunk(2, -1)
+        mean, log_std = self.net(obs.flatten(1).float()).chunk(2, -1)  # observations of any shape and dtype
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def forward(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
@@ -60,7 +60,7 @@ class DeterministicActor(nn.Module):
         self.net = mlp(obs_dim, hidden_sizes, activation, action_dim)
 
     def forward(self, obs: Tensor) -> Tensor:
-        return torch.tanh(self.net(obs))
+        return torch.tanh(self.net(obs.flatten(1).float()))
 
 
 class TwinQ(nn.Module):
@@ -74,7 +74,7 @@ class TwinQ(nn.Module):
         self.critics = nn.ModuleList(mlp(obs_dim + action_dim, hidden_sizes, activation, 1) for _ in range(2))
 
     def forward(self, obs: Tensor, actions: Tensor, detached: bool = False, first: bool = False) -> Tensor:
-        x = torch.cat([obs.flatten(1), actions], -1)
+        x = torch.cat([obs.flatten(1).float(), actions], -1)
         q = []
         for critic in self.critics[: 1 if first else 2]:
             h = x

@@ -46,3 +46,34 @@ def gaussian_log_prob(mean: Tensor, log_std: Tensor, actions: Tensor) -> Tensor:
 
 def gaussian_entropy(mean: Tensor, log_std: Tensor) -> Tensor:
     return (log_std + 0.5 * (1.0 + LOG_2PI)).expand_as(mean).sum(-1)
+
+
+def multi_categorical_sample(logits: Tensor, sizes: list[int], deterministic: bool = False) -> Tensor:
+    """One action per component of a MultiDiscrete space: logits [B, sum(sizes)] -> actions [B, len(sizes)]."""
+    parts = [torch.log_softmax(x, -1) for x in logits.split(sizes, -1)]
+    return torch.stack([x.argmax(-1) if deterministic else categorical_sample(x) for x in parts], -1)
+
+
+def multi_categorical_log_prob_entropy(logits: Tensor, sizes: list[int], actions: Tensor) -> tuple[Tensor, Tensor]:
+    """(log-prob [B], entropy [B]) of independent categoricals, summed over the components: logits
+    [B, sum(sizes)], actions [B, len(sizes)] (any leading shape for B)."""
+    parts = [torch.log_softmax(x, -1) for x in logits.split(sizes, -1)]
+    log_prob = sum(categorical_log_prob(x, actions[..., i]) for i, x in enumerate(parts))
+    return log_prob, sum(categorical_entropy(x) for x in parts)
+
+
+def bernoulli_sample(logits: Tensor, deterministic: bool = False) -> Tensor:
+    """Independent bits of a MultiBinary space: logits [B, n] -> actions [B, n] in {0, 1} (int64)."""
+    if deterministic:
+        return (logits > 0).long()
+    return (torch.rand_like(logits) < torch.sigmoid(logits)).long()
+
+
+def bernoulli_log_prob_entropy(logits: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+    """(log-prob [B], entropy [B]) of independent Bernoullis, summed over the bits: log p(1) = -softplus(-x),
+    log p(0) = -softplus(x)."""
+    a = actions.to(logits.dtype)
+    log_p1, log_p0 = -torch.nn.functional.softplus(-logits), -torch.nn.functional.softplus(logits)
+    log_prob = (a * log_p1 + (1.0 - a) * log_p0).sum(-1)
+    entropy = -(log_p1.exp() * log_p1 + log_p0.exp() * log_p0).sum(-1)
+    return log_prob, entropy

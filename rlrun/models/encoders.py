@@ -18,8 +18,16 @@ def layer_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) 
     return layer
 
 
+class FlatFloat(nn.Module):
+    """[B, ...] -> [B, prod(...)] float32: an MLP's input from observations of any shape and dtype (uint8 ones
+    stay bytes in rollouts and replays)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(1).float()
+
+
 def mlp(in_dim: int, hidden_sizes: list[int], activation: str) -> tuple[nn.Sequential, int]:
-    layers: list[nn.Module] = [nn.Flatten()]
+    layers: list[nn.Module] = [FlatFloat()]
     for size in hidden_sizes:
         layers += [layer_init(nn.Linear(in_dim, size)), ACTIVATIONS[activation]()]
         in_dim = size
@@ -52,7 +60,7 @@ class TwinMLP(nn.Module):
         self.out_dim = sizes[-1]
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        h = self.activation(self.first(x.flatten(1)))  # [B, 2h]: both trunks' first layers in one
+        h = self.activation(self.first(x.flatten(1).float()))  # [B, 2h]: both trunks' first layers in one
         h = h.view(len(x), 2, -1).transpose(0, 1)  # [2, B, h]: actor, critic
         for w, b in zip(self.weights, self.biases):
             h = self.activation(torch.baddbmm(b, h, w))
@@ -64,18 +72,22 @@ class TwinMLP(nn.Module):
 
 
 class NatureCNN(nn.Module):
-    """uint8 frames [B, C, 84, 84] -> features [B, hidden]; scales to [0, 1] inside."""
+    """uint8 frames [B, C, H, W] (84x84 in the paper; 36x36 at least) -> features [B, hidden]; scales to [0, 1]
+    inside. `width`: H when None (square frames)."""
 
-    def __init__(self, in_channels: int, hidden: int, screen_size: int = 84):
+    LAYERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels, kernel, stride), no padding
+    MIN_SIZE = 36  # the smallest side these kernels and strides leave a 1x1 output of
+
+    def __init__(self, in_channels: int, hidden: int, screen_size: int = 84, width: int | None = None):
         super().__init__()
-        layers, channels, size = [], in_channels, screen_size
-        for out_channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+        layers, channels, h, w = [], in_channels, screen_size, width or screen_size
+        for out_channels, kernel, stride in self.LAYERS:
             layers += [layer_init(nn.Conv2d(channels, out_channels, kernel, stride=stride)), nn.ReLU()]
-            channels, size = out_channels, (size - kernel) // stride + 1  # no padding
+            channels, h, w = out_channels, (h - kernel) // stride + 1, (w - kernel) // stride + 1
         self.conv = nn.Sequential(*layers, nn.Flatten())
         # The feature size by arithmetic, not a probe forward: env workers build this on the meta device, where a
         # convolution runs a Python kernel that imports sympy (a second).
-        self.fc = nn.Sequential(layer_init(nn.Linear(channels * size * size, hidden)), nn.ReLU())
+        self.fc = nn.Sequential(layer_init(nn.Linear(channels * h * w, hidden)), nn.ReLU())
 
     def forward(self, x: Tensor) -> Tensor:
         # Scaling to [0, 1] is folded into the first layer's weights: one op on a small tensor instead of one
@@ -83,6 +95,32 @@ class NatureCNN(nn.Module):
         first = self.conv[0]
         h = first._conv_forward(x.float(), first.weight / 255.0, first.bias)
         return self.fc(self.conv[1:](h))
+
+
+class SmallCNN(nn.Module):
+    """uint8 frames [B, C, H, W] smaller than the Nature CNN takes (MiniGrid's 7x7 views) -> features [B, hidden]:
+    3x3 convolutions, padded, the last two with stride 2; scales to [0, 1] inside."""
+
+    def __init__(self, in_channels: int, hidden: int, height: int, width: int):
+        super().__init__()
+        layers, channels, h, w = [], in_channels, height, width
+        for out_channels, stride in ((32, 1), (64, 2), (64, 2)):
+            layers += [layer_init(nn.Conv2d(channels, out_channels, 3, stride=stride, padding=1)), nn.ReLU()]
+            channels, h, w = out_channels, (h - 1) // stride + 1, (w - 1) // stride + 1
+        self.conv = nn.Sequential(*layers, nn.Flatten())
+        self.fc = nn.Sequential(layer_init(nn.Linear(channels * h * w, hidden)), nn.ReLU())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.conv(x.float() / 255.0))
+
+
+def encoder_name(name: str, shape: tuple[int, ...], dtype: np.dtype) -> str:
+    """The encoder a model named `name` gets for observations of `shape` and `dtype`: images (uint8 [C, H, W])
+    get a CNN whatever the model (mlp, or a recurrent model's mlp encoder): the Nature CNN where they are large
+    enough for it, else the small one; everything else the MLP."""
+    if not (np.dtype(dtype) == np.uint8 and len(shape) == 3):
+        return "mlp" if name == "small_cnn" else name
+    return "nature_cnn" if min(shape[1:]) >= NatureCNN.MIN_SIZE else "small_cnn"
 
 
 def observation_dtype(shape: tuple[int, ...], dtype: np.dtype) -> torch.dtype:
@@ -94,8 +132,10 @@ def observation_dtype(shape: tuple[int, ...], dtype: np.dtype) -> torch.dtype:
 
 def build_encoder(name: str, obs_shape: tuple[int, ...], hidden_sizes: list[int], activation: str):
     """(encoder, feature size) for the model named in config."""
-    if name == "nature_cnn":
+    if name in ("nature_cnn", "small_cnn"):
         if len(obs_shape) != 3:
-            raise ValueError(f"nature_cnn needs image observations [C, H, W], got shape {obs_shape}")
-        return NatureCNN(obs_shape[0], hidden_sizes[-1], obs_shape[-1]), hidden_sizes[-1]
+            raise ValueError(f"{name} needs image observations [C, H, W], got shape {obs_shape}")
+        c, h, w = obs_shape
+        cnn = NatureCNN(c, hidden_sizes[-1], h, w) if name == "nature_cnn" else SmallCNN(c, hidden_sizes[-1], h, w)
+        return cnn, hidden_sizes[-1]
     return mlp(math.prod(obs_shape), hidden_sizes, activation)

@@ -7,7 +7,8 @@ from torch import Tensor, nn
 
 from rlrun.config import ModelConfig
 from rlrun.config.instantiate import instantiate_network
-from rlrun.models.encoders import build_encoder
+from rlrun.models.actor_critic import action_mask_size
+from rlrun.models.encoders import build_encoder, encoder_name
 from rlrun.models.user import check_outputs
 
 
@@ -17,16 +18,20 @@ class QNetwork(nn.Module):
 
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.spaces.Discrete, dueling: bool):
         super().__init__()
-        self.encoder, features = build_encoder(cfg.name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype)
+        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
         n = int(action_space.n)
         self.head = nn.Linear(features, n)  # advantages when dueling
         self.value = nn.Linear(features, 1) if dueling else None
+        self.mask_size = action_mask_size(obs_space)  # illegal actions' Q at -1e9: never greedy, never the max
 
     def forward(self, obs: Tensor) -> Tensor:
         x = self.encoder(obs)
         q = self.head(x)
         if self.value is not None:
             q = self.value(x) + q - q.mean(-1, keepdim=True)
+        if self.mask_size:
+            q = q.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
         return q
 
 

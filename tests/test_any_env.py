@@ -1,0 +1,335 @@
+"""Any environment a researcher brings (issue 33): presets that apply only to the env they were tuned for,
+errors that name the real cause, every gymnasium observation and action space the algorithms take, on real
+third-party envs (the `envs` extra: Box2D, MiniGrid) and small envs written here."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+import yaml
+
+from rlrun.config.preflight import preflight
+from rlrun.config.store import register_configs
+from rlrun.errors import UserError
+from tests.conftest import rlrun
+
+register_configs()
+
+PRESETS = [
+    ([], None),  # CartPole's own tuned PPO
+    (["env.id=LunarLander-v3"], "~tuned"),  # not CartPole's preset on another env
+    (["algo=dqn", "env.id=Acrobot-v1"], "~tuned"),
+    (["env=lunarlander"], None),  # rl-zoo3's LunarLander PPO
+    (["algo=sac", "env.id=MountainCarContinuous-v0"], "tuned=sac_default"),  # SB3's defaults for any Box env
+    (["algo=td3", "env=pendulum", "env.id=MountainCarContinuous-v0"], "tuned=td3_default"),
+    (["algo=sac", "env=pendulum"], None),
+    (["env=breakout", "env.id=ALE/Pong-v5"], None),  # the Atari presets are for every game
+    (["env.id=Acrobot-v1", "tuned=ppo_cartpole"], None),  # chosen on the command line: kept
+]
+
+
+@pytest.mark.parametrize("args, added", PRESETS, ids=[" ".join(a) or "defaults" for a, _ in PRESETS])
+def test_a_tuned_preset_applies_only_to_the_env_it_was_tuned_for(args, added):
+    out = preflight("train", args)
+    assert [a for a in out if a not in args] == ([added] if added else [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_presets_are_logged_and_a_sweep_over_env_ids_decides_per_job(tmp_path):
+    out = rlrun(
+        "train",
+        "-m",
+        "env.id=Acrobot-v1,CartPole-v1",
+        "total_steps=1024",
+        "eval.episodes=1",
+        f"hydra.sweep.dir={tmp_path}",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (
+        "presets: algo=ppo defaults; env=cartpole group with env.id=Acrobot-v1: tuned/ppo_cartpole not applied"
+        in out.stdout
+    )
+    assert "presets: tuned/ppo_cartpole (tuned for CartPole-v1)" in out.stdout
+    acrobot, cartpole = (yaml.safe_load((tmp_path / j / ".hydra/config.yaml").read_text()) for j in "01")
+    assert acrobot["algo"]["num_steps"] == 128 and cartpole["algo"]["num_steps"] == 32  # PPO's defaults; the preset
+    assert "~tuned" in yaml.safe_load((tmp_path / "0/.hydra/overrides.yaml").read_text())
+
+
+# Envs written here: a target to hit with MultiDiscrete or MultiBinary actions (reward: the matching components),
+# image observations in height-width-channel layout, and a Dict observation with a key no network can take.
+ENVS = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Target(gym.Env):
+    """Each step rewards the components of the action that match a fixed target; 8 steps an episode."""
+
+    def __init__(self, kind="multidiscrete"):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        if kind == "multidiscrete":
+            self.action_space, self.target = gym.spaces.MultiDiscrete([3, 4]), np.array([2, 1])
+        else:
+            self.action_space, self.target = gym.spaces.MultiBinary(4), np.array([1, 0, 1, 1])
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float((np.asarray(action) == self.target).sum())
+        return np.zeros(2, np.float32), reward, False, self.t >= 8, {}
+
+
+class Frames(gym.Env):
+    """uint8 frames [H, W, 3]: the right action is the one whose half of the frame is lit; 8 steps an episode."""
+
+    def __init__(self, size=7):
+        self.size = size
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _frame(self):
+        self.side = int(self.np_random.integers(2))
+        frame = np.zeros((self.size, self.size, 3), np.uint8)
+        half = self.size // 2
+        frame[:, :half] = 255 if self.side == 0 else 0
+        frame[:, half:] = 255 if self.side == 1 else 0
+        return frame
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._frame(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(action == self.side)
+        return self._frame(), reward, False, self.t >= 8, {}
+
+
+class Notes(gym.Env):
+    """A Dict observation: a position (Discrete), a vector (Box) and a note (Text) no network takes; the reward is
+    for repeating the position as the action."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict(
+            {"pos": gym.spaces.Discrete(3), "vec": gym.spaces.Box(-1, 1, (2,)), "note": gym.spaces.Text(8)}
+        )
+        self.action_space = gym.spaces.Discrete(3)
+
+    def _obs(self):
+        self.pos = int(self.np_random.integers(3))
+        return {"pos": self.pos, "vec": np.zeros(2, np.float32), "note": "hi"}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(action == self.pos)
+        return self._obs(), reward, False, self.t >= 8, {}
+
+
+class Masked(gym.Env):
+    """Action 0 pays 2, action 1 pays 1, action 2 nothing; at each step action 0 or action 1 is illegal (raises),
+    which the mask says: in an action_mask key of a Dict observation, or through action_masks() (method=True).
+    The best legal play scores 8 x 1.5 = 12; random legal play 6."""
+
+    def __init__(self, method=False):
+        self.method = method
+        box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        mask = gym.spaces.MultiBinary(3)
+        self.observation_space = box if method else gym.spaces.Dict({"pos": box, "action_mask": mask})
+        self.action_space = gym.spaces.Discrete(3)
+
+    def action_masks(self):
+        return self.mask
+
+    def _obs(self):
+        self.mask = np.array([0, 1, 1] if self.np_random.integers(2) else [1, 0, 1], np.int8)
+        pos = np.zeros(2, np.float32)
+        return pos if self.method else {"pos": pos, "action_mask": self.mask}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if not self.mask[action]:
+            raise RuntimeError(f"illegal action {action} under mask {self.mask}")
+        self.t += 1
+        return self._obs(), float([2, 1, 0][action]), False, self.t >= 8, {}
+
+
+class Broken(gym.Env):
+    def __init__(self):
+        raise ValueError("the simulator's licence file is missing")
+
+
+gym.register("TargetMD-v0", entry_point=Target, kwargs={"kind": "multidiscrete"})
+gym.register("TargetMB-v0", entry_point=Target, kwargs={"kind": "multibinary"})
+gym.register("Frames-v0", entry_point=Frames)
+gym.register("Notes-v0", entry_point=Notes)
+gym.register("Broken-v0", entry_point=Broken)
+gym.register("Masked-v0", entry_point=Masked)
+gym.register("MaskedMethod-v0", entry_point=Masked, kwargs={"method": True})
+'''
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "spaces_envs.py").write_text(ENVS)
+    return tmp_path
+
+
+def _final(run) -> float:
+    return json.loads((run / "summary.json").read_text())["eval_return_mean"]
+
+
+ERRORS = [
+    (["env.id=CartPole-v1", "+env.kwargs.colour=1"], "cannot make env 'CartPole-v1' with env.kwargs={'colour': 1}"),
+    (["env.id=Notes-v0"], "Notes-v0's observation key 'note' (Text) cannot be encoded for a network; drop it with"),
+    (["env.id=Notes-v0", "env.obs_keys=[pos,size]"], "env.obs_keys: Notes-v0's observations have no key 'size'"),
+    (["algo=dqn", "env.id=TargetMD-v0"], "algo=dqn needs a discrete action space (Discrete); TargetMD-v0 has"),
+    (["algo=sac", "env.id=TargetMB-v0"], "algo=sac needs a continuous action space (a 1-D Box); TargetMB-v0 has"),
+    (["env.id=Masked-v0", "algo.normalize_obs=true"], "algo.normalize_obs=true would rescale Masked-v0's action masks"),
+    (  # a replay of uint8 frames is sized in bytes, and refused before the run when it cannot fit
+        ["algo=sac", "env.id=CarRacing-v3", "algo.buffer_size=100_000_000"],
+        "algo.buffer_size=100000000 observations of CarRacing-v3 (uint8 [3, 96, 96]) take 2574.9 GiB per rank",
+    ),
+]
+
+
+def test_errors_name_the_real_cause(folder, monkeypatch):
+    """The pre-flight (which every `rlrun train` runs first) says what is wrong in one line; an env constructor's
+    own exception stays the env's, not a complaint about env.kwargs."""
+    monkeypatch.chdir(folder)  # env.imports finds spaces_envs.py in the working directory, as the CLI does
+    for args, message in ERRORS:
+        with pytest.raises(UserError) as info:
+            preflight("train", ["env.imports=[spaces_envs]", *args])
+        assert message in str(info.value) and "\n" not in str(info.value), (args, str(info.value))
+    with pytest.raises(ValueError, match="the simulator's licence file is missing"):
+        preflight("train", ["env.imports=[spaces_envs]", "env.id=Broken-v0"])
+    if "MiniGrid-Empty-5x5-v0" not in gym.registry:  # until minigrid is imported
+        with pytest.raises(UserError, match="registered by the minigrid module: add env.imports=\\[minigrid\\]"):
+            preflight("train", ["env.id=MiniGrid-Empty-5x5-v0"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_multidiscrete_and_multibinary_actions_learn_with_ppo_a2c_and_an_lstm(folder):
+    """Rewards are the matching components, 8 steps an episode: random play gets 8 x (1/3 + 1/4) = 4.7 on
+    MultiDiscrete([3, 4]) and 8 x 2 = 16 on MultiBinary(4); the best, 16 and 32."""
+    common = ["env.imports=[spaces_envs]", "env.num_envs=4", "eval.episodes=4", "eval.num_envs=2", "seed=1"]
+    runs = [
+        (["env.id=TargetMD-v0", "total_steps=2048", "algo.num_steps=32"], 15.0),
+        (["algo=a2c", "env.id=TargetMB-v0", "total_steps=2000", "algo.lr=3e-3"], 30.0),
+        (["model=lstm", "env.id=TargetMD-v0", "total_steps=2048", "algo.num_steps=32", "algo.num_minibatches=2"], 15.0),
+    ]
+    for i, (args, threshold) in enumerate(runs):
+        run = folder / f"run{i}"
+        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _final(run) >= threshold, (args, _final(run))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_discrete_image_and_dict_observations_learn_and_play(folder):
+    """FrozenLake (non-slippery; Discrete observations as one-hots) with PPO and DQN reach the goal (return 1, from
+    0 at random); frames in height-width-channel layout (7x7: the small CNN) and a Dict observation with its Text
+    key dropped (env.obs_keys) score 8 of 8 (random: 4, 2.7). `rlrun play` of the Dict run imports env.imports."""
+    mine = ["env.imports=[spaces_envs]", "env.num_envs=4", "algo.num_steps=32", "total_steps=2048"]
+    runs = {
+        "frozen_ppo": (["env=frozenlake", "total_steps=4096"], 1.0),  # conf/tuned/ppo_frozenlake.yaml
+        "frozen_dqn": (["algo=dqn", "env=frozenlake", "total_steps=3000"], 1.0),
+        "frames": ([*mine, "env.id=Frames-v0"], 7.0),
+        "dict": ([*mine, "env.id=Notes-v0", "env.obs_keys=[pos,vec]"], 7.0),
+    }
+    for name, (args, threshold) in runs.items():
+        run = folder / name
+        out = rlrun("train", *args, "seed=1", "eval.episodes=4", "eval.num_envs=2", f"hydra.run.dir={run}", cwd=folder)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _final(run) >= threshold, (name, _final(run))
+    out = rlrun("play", f"checkpoint={folder / 'dict'}", "episodes=2", cwd=folder)
+    assert out.returncode == 0 and "unknown env id" not in out.stderr, out.stderr[-2000:]
+
+
+def test_images_get_a_cnn_in_channel_first_layout_whatever_the_env_gives(folder, monkeypatch):
+    """Frames [H, W, 3] reach the networks as [3, H, W] uint8; 7x7 ones get the small CNN, 40x40 the Nature CNN
+    (which needs 36x36), with model=mlp as with model=nature_cnn; DQN's network too."""
+    from rlrun.config import EnvConfig, ModelConfig
+    from rlrun.envs import env_spaces
+    from rlrun.models import build_actor_critic
+    from rlrun.models.encoders import NatureCNN, SmallCNN
+    from rlrun.models.q_network import build_q_network
+
+    monkeypatch.chdir(folder)
+    for size, cnn in ((7, SmallCNN), (40, NatureCNN)):
+        obs_space, action_space = env_spaces(EnvConfig(id="Frames-v0", imports=["spaces_envs"], kwargs={"size": size}))
+        assert obs_space.shape == (3, size, size) and obs_space.dtype == "uint8"
+        for name in ("mlp", "nature_cnn"):
+            model = build_actor_critic(ModelConfig(name=name), obs_space, action_space)
+            assert isinstance(model.trunk, cnn)
+            assert model.act(torch.from_numpy(obs_space.sample()[None]))[0].shape == (1,)
+        q = build_q_network(ModelConfig(), obs_space, action_space, dueling=False)
+        assert isinstance(q.encoder, cnn)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_masked_actions_are_never_taken_and_the_best_legal_one_is_learned(folder):
+    """The env raises on an illegal action, so a run that took one fails: PPO with masks from action_masks(), a
+    recurrent PPO on the Dict observation's action_mask key, and DQN (greedy, random draws and targets masked)."""
+    common = ["env.imports=[spaces_envs]", "seed=1", "eval.episodes=4", "eval.num_envs=2", "total_steps=2048"]
+    runs = {
+        "ppo_method": ["env.id=MaskedMethod-v0", "env.num_envs=4", "algo.num_steps=32"],
+        "lstm_dict": [
+            "env.id=Masked-v0",
+            "model=lstm",
+            "env.num_envs=4",
+            "algo.num_steps=32",
+            "algo.num_minibatches=2",
+        ],
+        "dqn_dict": ["algo=dqn", "env.id=Masked-v0", "env.num_envs=1", "algo.learning_starts=200", "algo.train_freq=1"],
+    }
+    for name, args in runs.items():
+        run = folder / name
+        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _final(run) >= 10.0, (name, _final(run))  # best legal play 12, random legal play 6
+
+
+def test_multi_action_distributions_match_torch_distributions():
+    """Log-probs and entropies of independent categoricals and Bernoullis, summed over components, against
+    torch.distributions; masked logits (-1e9) give illegal actions probability 0 and no entropy."""
+    from torch.distributions import Bernoulli, Categorical
+
+    from rlrun.models import distributions as D
+
+    torch.manual_seed(0)
+    logits, sizes = torch.randn(5, 7), [3, 4]
+    actions = D.multi_categorical_sample(logits, sizes)
+    log_prob, entropy = D.multi_categorical_log_prob_entropy(logits, sizes, actions)
+    parts = [Categorical(logits=x) for x in logits.split(sizes, -1)]
+    assert torch.allclose(log_prob, sum(d.log_prob(actions[:, i]) for i, d in enumerate(parts)))
+    assert torch.allclose(entropy, sum(d.entropy() for d in parts))
+    bits = torch.randn(5, 4)
+    b = D.bernoulli_sample(bits)
+    log_prob, entropy = D.bernoulli_log_prob_entropy(bits, b)
+    assert torch.allclose(log_prob, Bernoulli(logits=bits).log_prob(b.float()).sum(-1))
+    assert torch.allclose(entropy, Bernoulli(logits=bits).entropy().sum(-1))
+    masked = torch.tensor([[0.3, -1e9, 0.1]])
+    assert D.categorical_entropy(torch.log_softmax(masked, -1)).isfinite().all()
+    assert (D.categorical_sample(torch.log_softmax(masked.expand(1000, 3), -1)) != 1).all()
