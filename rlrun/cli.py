@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, validate_play
-from rlrun.errors import UserError
+from rlrun.errors import NothingToDo, UserError
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -93,6 +93,9 @@ def train_app(cfg: DictConfig) -> float | None:
     run_dir = Path(hc.runtime.output_dir)
     try:
         summary = _train_job(cfg, hc, overrides, run_dir)
+    except NothingToDo as e:  # resume=auto or a requeue found the run complete
+        logging.getLogger("rlrun").info("%s", e)
+        return None
     except Exception as e:
         known = _known_error(e)
         if hc.mode != RunMode.MULTIRUN:
@@ -103,7 +106,9 @@ def train_app(cfg: DictConfig) -> float | None:
         message = known[0] if known else f"{type(e).__name__}: {e}"
         logging.getLogger("rlrun").error("job %s failed: %s", hc.job.num, message)
         failed = {"status": "failed", "error": message, "overrides": overrides}
-        (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        summary = run_dir / "summary.json"
+        if not summary.exists():  # the run's own record stands: a failed training run's, or a failed resume's run's
+            summary.write_text(json.dumps(failed, indent=2))
         return float("nan")
     if summary is None:  # a node without rank 0
         return None
@@ -185,8 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     from rlrun.config.store import register_configs
 
     register_configs()  # the schemas the apps compose against
-    with user_errors():
-        args = preflight(command, args)
+    try:
+        with user_errors():
+            args = preflight(command, args)
+    except NothingToDo as e:
+        print(f"rlrun: {e}")
+        return
     if command == "train" and not runs_nothing(args):  # printing a config needs no run folder (nor torch)
         args = _torchrun_args(args)
     sys.argv = [f"rlrun {command}", *args]

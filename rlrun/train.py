@@ -34,6 +34,7 @@ from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import list_checkpoints, run_dir_of
+from rlrun.run_record import RunRecord
 
 
 class StopSignal:
@@ -167,6 +168,16 @@ def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episod
         algo.load_shard_state(shard)
 
 
+def _resume(state: dict | None, cfg, ctx, algo, envs, episodes_log: EpisodeLog, record, logger) -> tuple[int, int]:
+    """(env steps, iteration) to start from: a checkpoint's, restored, or a fresh run's (0, 0)."""
+    if state is None:
+        return 0, 0
+    _restore(state, cfg, ctx, algo, envs, episodes_log)
+    episodes_log.total = record.episodes()
+    logger.info("resumed from %s at %d env steps", state["path"], state["env_steps"])
+    return state["env_steps"], state["iteration"]
+
+
 def train(
     cfg: TrainConfig,
     run_dir: Path,
@@ -194,16 +205,19 @@ def train(
         Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
     stop: StopSignal | None = None
+    record = RunRecord(list(overrides), resume_state)
     try:
         ctx.init()
         # Only now: a rank still forming the group (waiting on a peer that may be gone) must die of the SIGTERM its
         # dying launcher sends it, not turn it into a stop flag that no loop reads until the group's timeout.
         stop = StopSignal()
         parts = (envs, evaluator, logger, checkpointer, stop)
-        return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, *parts)
+        return _run(cfg, run_dir, ctx, config_yaml, resume_state, record, *parts)
     except Exception as e:
-        resume = f"rlrun train resume={run_dir}" if list_checkpoints(run_dir / "checkpoints") else None
-        logger.failed(f"{type(e).__name__}: {e}", list(overrides), resume)  # a sweep's report reads why
+        # A resume that fails before it trains leaves the run's record as it was (completed, interrupted).
+        if record.started or resume_state is None:
+            resume = f"rlrun train resume={run_dir}" if list_checkpoints(run_dir / "checkpoints") else None
+            logger.failed(f"{type(e).__name__}: {e}", record.original, resume)  # a sweep's report reads why
         raise
     finally:
         if stop is not None:
@@ -214,7 +228,7 @@ def train(
         ctx.close()
 
 
-def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluator, logger, checkpointer, stop) -> dict:
+def _run(cfg, run_dir, ctx, config_yaml, resume_state, record, envs, evaluator, logger, checkpointer, stop) -> dict:
     threads = torch.get_num_threads()
     # Env workers take cores while the policy acts: acting on the others only, or OpenMP threads wait on each
     # other behind the workers.
@@ -235,13 +249,9 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     steps_per_iteration = algo.steps_per_collect * ctx.world_size  # fewer when a straggler is preempted
     num_iterations = cfg.total_steps // steps_per_iteration
     final_steps = num_iterations * steps_per_iteration  # the run ends at or after this many env steps
-    env_steps = iteration = 0
     algo.start(envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
     episodes_log = EpisodeLog(ctx)
-    if resume_state is not None:
-        env_steps, iteration = resume_state["env_steps"], resume_state["iteration"]
-        _restore(resume_state, cfg, ctx, algo, envs, episodes_log)
-        logger.info("resumed from %s at %d env steps", resume_state["path"], env_steps)
+    env_steps, iteration = _resume(resume_state, cfg, ctx, algo, envs, episodes_log, record, logger)
 
     def save() -> Path | None:
         # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes, except a
@@ -256,7 +266,12 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
             "own_episodes": episodes_log.own_total,
         }
         state = {"config": config_yaml, "iteration": iteration, "algo": algo.state_dict(), "ranks": ctx.all_gather(own)}
-        return checkpointer.save(state, env_steps)
+        return checkpointer.save(state | run_state(), env_steps)
+
+    def run_state() -> dict:
+        """What the run as a whole carries across sessions: its record so far."""
+        record_state = record.checkpoint(env_steps, time.perf_counter() - start_time, episodes_log.total)
+        return {"record": record_state, "steps_per_iteration": steps_per_iteration}
 
     logger.info(
         "run folder %s: %s on %s, %d env steps (%d iterations of %d, %d rank%s)",
@@ -274,8 +289,10 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     recent: deque[float] = deque(maxlen=100)
     eval_returns = None
     recovery = Recovery(checkpointer, config_yaml, run_dir, logger, iteration, env_steps if resume_state else None)
+    recovery.run_state = run_state
     rollouts = RolloutLog(ctx, algo.steps_per_collect)
     stopped: int | None = None  # the signal all ranks stop for, when one of them got one
+    record.start_training()
     try:
         while env_steps < final_steps:
             torch.set_num_threads(collect_threads)
@@ -310,9 +327,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
                 break
         loop_seconds = time.perf_counter() - start_time
         interrupted = stopped is not None  # on every rank alike
+        # The last episodes are logged in the final line, not carried by the checkpoint: a resume would log
+        # them again.
+        final_metrics = episodes_log.metrics()
         final = save()  # before the final evaluation, which may fail
         recovery.saved_at = env_steps
-        final_metrics = episodes_log.metrics()
         evaluated = evaluator(algo) if not interrupted else None
         if evaluated is not None:
             eval_returns = evaluated
@@ -332,11 +351,9 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         "seed": cfg.seed,
         "env_steps": env_steps,
         "iterations": iteration,
-        "wall_seconds": round(time.perf_counter() - start_time, 3),
-        "sps": round((env_steps - start_steps) / loop_seconds, 1) if loop_seconds > 0 else None,
+        **record.summary(env_steps, loop_seconds, episodes_log.total, _ended(stopped)),
         **_eval_summary(eval_returns),
         "final_checkpoint": str(final) if final else None,
-        "overrides": list(overrides),
         "resumed_from": resume_state["path"] if resume_state else None,
         "world_size": ctx.world_size,
         "restarts": restart_count(),  # torch elastic's, after failures (distributed.max_restarts)
@@ -353,8 +370,8 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         logger.info(
             "done: %d env steps in %.1f s (%.0f sps); eval return %s",
             env_steps,
-            summary["wall_seconds"],
-            summary["sps"] or 0,
+            summary["sessions"][-1]["wall_seconds"],
+            summary["sessions"][-1]["sps"] or 0,
             _eval_text(eval_returns),
         )
     logger.summary(summary)
@@ -374,12 +391,13 @@ class Recovery:
         self.checkpointer, self.config_yaml, self.run_dir, self.logger = checkpointer, config_yaml, run_dir, logger
         self.start_iteration, self.saved_at = iteration, saved_at
         self.updating = False
+        self.run_state: Callable[[], dict] = dict
 
     def write(self, error: Exception, algo, iteration: int, env_steps: int) -> None:
         whole = not self.updating or is_peer_loss(error)
         if whole and iteration > self.start_iteration and self.saved_at != env_steps:
             state = {"config": self.config_yaml, "iteration": iteration, "algo": algo.state_dict(), "ranks": []}
-            path = self.checkpointer.save(state | {"recovery": True}, env_steps)
+            path = self.checkpointer.save(state | self.run_state() | {"recovery": True}, env_steps)
             if path is not None:
                 self.saved_at = env_steps
                 self.logger.error("recovery checkpoint at %d env steps: %s", env_steps, path)
@@ -398,6 +416,10 @@ def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, r
     if moved:
         logger.info("resumed from %s, not the newest checkpoint of its run: this run goes on in %s", origin, run_dir)
     return logger
+
+
+def _ended(signum: int | None) -> str:
+    return "completed" if signum is None else f"interrupted by signal {signum}"
 
 
 def _log_interval(logger, env_steps: int, metrics: dict, returns: np.ndarray | None) -> np.ndarray | None:

@@ -1,0 +1,88 @@
+"""A resumed, extended or restarted run is the same run: a resume that does not fit fails before it writes, one
+record across sessions (summary.json, the report's groups, metrics.jsonl and TensorBoard without a point lost or
+doubled at the seam), schedules that continue across a budget extension, and independent random streams."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlrun.report import find_runs, group_runs
+from tests.conftest import read_jsonl, rlrun
+
+SMALL = [
+    "total_steps=2048",
+    "eval.episodes=2",
+    "eval.num_envs=2",
+    "logging.every_steps=512",
+    "logging.progress=plain",
+    "checkpoint.every_steps=1024",
+]
+
+
+def folder_state(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def tensorboard_steps(run: Path, tag: str) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = []
+    for events in sorted((run / "tb").glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        steps += [e.step for e in accumulator.Scalars(tag)] if tag in accumulator.Tags()["scalars"] else []
+    return sorted(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_sweep_job_resumed_then_extended_stays_one_run_of_its_group(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = rlrun("train", "-m", "seed=1,2", f"hydra.sweep.dir={sweep}", *SMALL, cwd=tmp_path, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    job = sweep / "0"
+    before = folder_state(job)
+    (group,) = group_runs(find_runs([sweep]))
+    assert len(group.runs) == 2
+
+    # A config the checkpoint's networks cannot continue in: one line naming the difference, nothing written.
+    for bad, message in [
+        ("env.id=Acrobot-v1", "trained on CartPole-v1 with a 4-dim observation; env.id=Acrobot-v1 has 6"),
+        ("model.hidden_sizes=[32,32]", "does not fit model.hidden_sizes=[32, 32]"),
+    ]:
+        out = rlrun("train", f"resume={job}", bad, "total_steps=4096", cwd=tmp_path)
+        assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # A complete run without a larger budget: says so and changes nothing.
+    out = rlrun("train", f"resume={job}", cwd=tmp_path)
+    assert out.returncode == 0 and "nothing to do" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert folder_state(job) == before
+
+    out = rlrun("train", f"resume={job}", "total_steps=4096", cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((job / "summary.json").read_text())
+    first, second = summary["sessions"]
+    assert summary["overrides"] == first["overrides"] and "total_steps=2048" in summary["overrides"]
+    assert second["overrides"] == ["total_steps=4096"] and second["resumed_from"].endswith("ckpt_000000002048.pt")
+    assert (first["start_steps"], first["end_steps"], second["start_steps"], second["end_steps"]) == (
+        0,
+        2048,
+        2048,
+        4096,
+    )
+    assert first["ended"] == second["ended"] == "completed"
+    assert summary["wall_seconds"] == pytest.approx(first["wall_seconds"] + second["wall_seconds"], abs=0.01)
+    assert summary["episodes"] == first["episodes"] + second["episodes"] == summary["episodes_per_rank"][0]
+    seconds = first["train_seconds"] + second["train_seconds"]
+    assert summary["sps"] == pytest.approx(4096 / seconds, rel=0.01)
+
+    # No line or point lost or doubled at the seam: every episode logged once, one TensorBoard point per step.
+    metrics = read_jsonl(job / "metrics.jsonl")
+    assert sum(m.get("charts/episodes", 0) for m in metrics) == summary["episodes"]
+    logged = [m["env_steps"] for m in metrics if "charts/iteration" in m]
+    assert logged == list(range(512, 4097, 512))
+    assert tensorboard_steps(job, "charts/iteration") == logged
+
+    # The report keeps the job in its group: its identity is its original overrides.
+    (group,) = group_runs(find_runs([sweep]))
+    assert len(group.runs) == 2 and sorted(r.summary["env_steps"] for r in group.runs) == [2048, 4096]
