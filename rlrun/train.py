@@ -35,6 +35,7 @@ from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import list_checkpoints, run_dir_of
 from rlrun.run_record import RunRecord
+from rlrun.schedule import continuation_lines, resumed_progress
 
 
 class StopSignal:
@@ -168,14 +169,18 @@ def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episod
         algo.load_shard_state(shard)
 
 
-def _resume(state: dict | None, cfg, ctx, algo, envs, episodes_log: EpisodeLog, record, logger) -> tuple[int, int]:
-    """(env steps, iteration) to start from: a checkpoint's, restored, or a fresh run's (0, 0)."""
+def _resume(state: dict | None, cfg, ctx, algo, envs, episodes_log: EpisodeLog, record, logger, per_iteration: int):
+    """(env steps, iteration, Progress) to start from: a checkpoint's, restored, or a fresh run's. A resume that
+    changes the budget says where each annealed quantity continues from."""
+    progress, extended = resumed_progress(state, cfg.total_steps, per_iteration)
     if state is None:
-        return 0, 0
+        return 0, 0, progress
     _restore(state, cfg, ctx, algo, envs, episodes_log)
     episodes_log.total = record.episodes()
     logger.info("resumed from %s at %d env steps", state["path"], state["env_steps"])
-    return state["env_steps"], state["iteration"]
+    for line in continuation_lines(algo.annealed(), progress, state["env_steps"]) if extended else []:
+        logger.info("%s", line)
+    return state["env_steps"], state["iteration"], progress
 
 
 def train(
@@ -251,7 +256,8 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, record, envs, evaluator, 
     final_steps = num_iterations * steps_per_iteration  # the run ends at or after this many env steps
     algo.start(envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
     episodes_log = EpisodeLog(ctx)
-    env_steps, iteration = _resume(resume_state, cfg, ctx, algo, envs, episodes_log, record, logger)
+    resumed = _resume(resume_state, cfg, ctx, algo, envs, episodes_log, record, logger, steps_per_iteration)
+    env_steps, iteration, progress = resumed
 
     def save() -> Path | None:
         # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes, except a
@@ -271,7 +277,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, record, envs, evaluator, 
     def run_state() -> dict:
         """What the run as a whole carries across sessions: its record so far."""
         record_state = record.checkpoint(env_steps, time.perf_counter() - start_time, episodes_log.total)
-        return {"record": record_state, "steps_per_iteration": steps_per_iteration}
+        return {"record": record_state, "steps_per_iteration": steps_per_iteration, "schedule": progress.state()}
 
     logger.info(
         "run folder %s: %s on %s, %d env steps (%d iterations of %d, %d rank%s)",
@@ -296,11 +302,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, record, envs, evaluator, 
     try:
         while env_steps < final_steps:
             torch.set_num_threads(collect_threads)
-            collected = algo.collect(envs, env_steps / cfg.total_steps)
+            collected = algo.collect(envs, progress(env_steps))
             torch.set_num_threads(threads)
             evaluator.check_alive()
             recovery.updating = True
-            stats = algo.update(progress=env_steps / cfg.total_steps)
+            stats = algo.update(progress=progress(env_steps))
             recovery.updating = False
             stopping, steps = rollouts.gather(stop.signum is not None, collected)
             before, env_steps, iteration = env_steps, env_steps + steps, iteration + 1

@@ -60,6 +60,7 @@ def test_a_sweep_job_resumed_then_extended_stays_one_run_of_its_group(tmp_path):
 
     out = rlrun("train", f"resume={job}", "total_steps=4096", cwd=tmp_path, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "learning rate continues from 1.3e-04, annealing to 0 at step 4,096" in out.stdout + out.stderr
     summary = json.loads((job / "summary.json").read_text())
     first, second = summary["sessions"]
     assert summary["overrides"] == first["overrides"] and "total_steps=2048" in summary["overrides"]
@@ -83,6 +84,26 @@ def test_a_sweep_job_resumed_then_extended_stays_one_run_of_its_group(tmp_path):
     assert logged == list(range(512, 4097, 512))
     assert tensorboard_steps(job, "charts/iteration") == logged
 
+    # The learning rate goes on down from where it was, to 0 at the new total: no jump at the seam.
+    rates = [m["charts/learning_rate"] for m in metrics if "charts/learning_rate" in m]
+    drops = [a - b for a, b in zip(rates, rates[1:])]
+    assert len(rates) == 8 and min(drops) > 0 and rates[-1] < rates[3] / 2, rates
+
     # The report keeps the job in its group: its identity is its original overrides.
     (group,) = group_runs(find_runs([sweep]))
     assert len(group.runs) == 2 and sorted(r.summary["env_steps"] for r in group.runs) == [2048, 4096]
+
+
+def test_progress_is_exact_until_the_budget_changes_then_continues_from_the_last_update():
+    from rlrun.schedule import Progress, resumed_progress
+
+    never = Progress(3000)
+    assert all(never(s) == s / 3000 for s in range(0, 3001, 7))  # bit for bit what a run without resume uses
+    state = {"env_steps": 2000, "config": "total_steps: 2000\n", "schedule": never.state() | {"total_steps": 2000}}
+    same, extended = resumed_progress(state, 2000, 100)
+    assert not extended and same == Progress(2000)
+    longer, extended = resumed_progress(state, 4000, 100)
+    assert extended and longer(2000) == Progress(2000)(1900) == 0.95 and longer(4000) == 1.0
+    assert longer.step_at(1.0) == 4000 and abs(longer(3000) - 0.975) < 1e-12
+    old, _ = resumed_progress({"env_steps": 2000, "config": "total_steps: 2000\n"}, 4000, 100)
+    assert old == longer  # a checkpoint from before schedules were saved ran on env_steps / total_steps

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.protocol import EnvSpec, Reductions, Wrap, episodes_of
+from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
 from rlrun.envs import finished_episodes
 
@@ -93,6 +93,10 @@ class ReplayAlgorithm:
     def sync_targets(self) -> None:
         """Targets <- the online networks. Called once the learners are wrapped: DDP gave every rank rank 0's
         networks there, and the targets start from them (a resume then loads its own)."""
+
+    def annealed(self) -> list[Annealed]:
+        r = self.cfg.replay
+        return [("PER beta", lambda p: r.beta_start + (1.0 - r.beta_start) * p, 1.0)] if r.prioritized else []
 
     def charts(self) -> dict[str, float]:
         """What the algorithm logs at every update besides its stats (schedules, rates)."""
