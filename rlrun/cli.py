@@ -65,13 +65,15 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
 
 
 def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
-    from rlrun.config.preflight import job_threads, train_config
+    from rlrun.config.preflight import job_threads, replay_checkpoint, train_config
     from rlrun.config.store import to_yaml
-    from rlrun.distributed import from_env, launched_externally, requeue_count
+    from rlrun.distributed import from_env, launched_externally, requeue_count, under_slurm
     from rlrun.launch import launch, setup_rank_logging
     from rlrun.train import train
 
     typed, state = train_config(cfg, overrides, run_dir, requeued=requeue_count() > 0)
+    resumable = under_slurm() or typed.distributed.max_restarts > 0 or cfg.resume == "auto"
+    typed = replay_checkpoint(typed, resumable)
     typed = job_threads(typed, OmegaConf.select(hc.launcher, "n_jobs", default=None))
     config_yaml = to_yaml(replace(typed, resume=None))
     d = typed.distributed

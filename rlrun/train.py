@@ -145,9 +145,9 @@ def _env_state(envs) -> list | None:
     return None if any(s is None for s in state) else state
 
 
-def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episodes_log: EpisodeLog) -> None:
-    """Continue from a checkpoint: shared state for all, and each rank's own RNG, envs, cursor and the
-    episodes it had finished but not yet logged."""
+def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episodes_log: EpisodeLog) -> bool:
+    """Continue from a checkpoint: shared state for all, and each rank's own RNG, envs, cursor, replay and the
+    episodes it had finished but not yet logged. Returns whether this rank's replay was restored."""
     algo.load_state_dict(state["algo"])
     ranks = state["ranks"]
     mine = ranks[ctx.rank] if len(ranks) == ctx.world_size else None
@@ -158,15 +158,18 @@ def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episod
     if mine:
         episodes_log.pending = [(float(r), int(n)) for r, n in mine["episodes"]]
         episodes_log.own_total = mine["own_episodes"]
-    if mine and mine["envs"] is not None:
-        envs.set_env_state(mine["envs"])
-        algo.load_rank_state(mine["cursor"])
-    else:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
-        seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
-        algo.start(envs.reset(seed=seeds)[0])
     shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank) if mine else None
+    exact = mine and mine["envs"] is not None
+    if exact:
+        envs.set_env_state(mine["envs"])
+    if exact or shard is not None:  # with a replay and reset envs, the cursor is where its open episodes end
+        algo.load_rank_state(mine["cursor"])
     if shard is not None:  # this rank's replay, when it was checkpointed
         algo.load_shard_state(shard)
+    if not exact:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
+        seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
+        algo.start(envs.reset(seed=seeds)[0])
+    return shard is not None
 
 
 def _resume(state: dict | None, cfg, ctx, algo, envs, episodes_log: EpisodeLog, record, logger, per_iteration: int):
@@ -175,9 +178,11 @@ def _resume(state: dict | None, cfg, ctx, algo, envs, episodes_log: EpisodeLog, 
     progress, extended = resumed_progress(state, cfg.total_steps, per_iteration)
     if state is None:
         return 0, 0, progress
-    _restore(state, cfg, ctx, algo, envs, episodes_log)
+    replay = _restore(state, cfg, ctx, algo, envs, episodes_log)
     episodes_log.total = record.episodes()
     logger.info("resumed from %s at %d env steps", state["path"], state["env_steps"])
+    if getattr(cfg.algo, "replay", None) is not None and not replay:  # an off-policy run
+        logger.info("no replay shard in the checkpoint (algo.replay.checkpoint=false): the replay starts empty")
     for line in continuation_lines(algo.annealed(), progress, state["env_steps"]) if extended else []:
         logger.info("%s", line)
     return state["env_steps"], state["iteration"], progress

@@ -117,6 +117,11 @@ class ReplayAlgorithm:
         self.sync_targets()
 
     def start(self, obs: np.ndarray) -> None:
+        """Collecting starts from `obs` after a reset. When the replay holds episodes still open (a resume whose
+        envs were reset: their state was not plain data), each ends as a truncation at the observation that would
+        have come next (the checkpoint's cursor), so no item spans the seam into an unrelated start state."""
+        if self.next_obs is not None and self.replay.written:
+            self.replay.truncate_open(self.next_obs)
         self.next_obs = obs
 
     def _obs(self, obs: np.ndarray) -> Tensor:

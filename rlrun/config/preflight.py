@@ -124,6 +124,16 @@ def train_config(
     return typed, None
 
 
+def replay_checkpoint(typed: TrainConfig, resumable: bool) -> TrainConfig:
+    """An off-policy run that the machine may resume by itself (a requeue, an elastic restart, resume=auto)
+    checkpoints its replay unless told otherwise: resuming on an empty one would quietly refill learning_starts
+    and then train on a small recent buffer. Other runs do not, unless told to (the shards are large)."""
+    replay = getattr(typed.algo, "replay", None)
+    if replay is None or replay.checkpoint is not None:
+        return typed
+    return replace(typed, algo=replace(typed.algo, replay=replace(replay, checkpoint=resumable)))
+
+
 def job_threads(typed: TrainConfig, n_jobs: int | None) -> TrainConfig:
     """Parallel sweep jobs (the joblib launcher's n_jobs) split the cores between them instead of each taking
     all."""
