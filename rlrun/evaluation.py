@@ -12,6 +12,7 @@ from rlrun.algos.protocol import Algorithm
 from rlrun.checkpoint import rng_devices
 from rlrun.config import TrainConfig
 from rlrun.envs import env_seeds, finished_episodes, make_vector_env
+from rlrun.seeding import EVALUATION, torch_seed
 
 
 def run_episodes(
@@ -53,6 +54,7 @@ class Evaluator:
     def __call__(self, algo: Algorithm) -> np.ndarray:
         """The returns of the episodes, in a fixed order."""
         with torch.random.fork_rng(devices=rng_devices(self.device)):
+            torch.manual_seed(torch_seed(self.cfg.seed, 0, EVALUATION))  # every evaluation draws the same noise
             seeds = env_seeds(self.cfg.seed, 0, self.envs.num_envs, stream=1)
             act = lambda o, starts: algo.act(o, self.cfg.eval.deterministic, starts)  # noqa: E731
             return run_episodes(self.envs, act, self.cfg.eval.episodes, seeds)[0]

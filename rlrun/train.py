@@ -36,6 +36,7 @@ from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import list_checkpoints, run_dir_of
 from rlrun.run_record import RunRecord
 from rlrun.schedule import continuation_lines, resumed_progress
+from rlrun.seeding import RESUMED, TRAIN, torch_seed
 
 
 class StopSignal:
@@ -154,7 +155,7 @@ def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episod
     if mine:
         set_rng_state(mine, ctx.device)
     else:
-        torch.manual_seed(cfg.seed + ctx.rank + 1000 * state["iteration"])
+        torch.manual_seed(torch_seed(cfg.seed, ctx.rank, RESUMED, state["iteration"]))
     if mine:
         episodes_log.pending = [(float(r), int(n)) for r, n in mine["episodes"]]
         episodes_log.own_total = mine["own_episodes"]
@@ -243,7 +244,7 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, record, envs, evaluator, 
     # Env workers take cores while the policy acts: acting on the others only, or OpenMP threads wait on each
     # other behind the workers.
     collect_threads = max(1, threads - envs.num_workers)
-    torch.manual_seed(cfg.seed + ctx.rank)
+    torch.manual_seed(torch_seed(cfg.seed, ctx.rank, TRAIN))
     spec = EnvSpec(envs.single_observation_space, envs.single_action_space, cfg.env.num_envs, frame_stack(cfg.env))
     reductions = Reductions(ctx.mean_all, Shards(ctx.rank, ctx.gather_all), ctx.finish_line())
     algo = build_algo(cfg.algo, cfg.model, spec, ctx.device, reductions)

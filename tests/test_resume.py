@@ -107,3 +107,59 @@ def test_progress_is_exact_until_the_budget_changes_then_continues_from_the_last
     assert longer.step_at(1.0) == 4000 and abs(longer(3000) - 0.975) < 1e-12
     old, _ = resumed_progress({"env_steps": 2000, "config": "total_steps: 2000\n"}, 4000, 100)
     assert old == longer  # a checkpoint from before schedules were saved ran on env_steps / total_steps
+
+
+def test_no_two_seed_rank_pairs_share_a_torch_stream():
+    import torch
+
+    from rlrun.seeding import EVALUATION, RESUMED, TRAIN, torch_seed
+
+    streams = {}
+    for seed in range(4):
+        for rank in range(4):
+            for purpose in ((TRAIN,), (EVALUATION,), (RESUMED, 3)):
+                gen = torch.Generator().manual_seed(torch_seed(seed, rank, *purpose))
+                streams[(seed, rank, purpose)] = tuple(torch.rand(4, generator=gen).tolist())
+    assert len(set(streams.values())) == len(streams) == 48
+    assert torch_seed(1, 1, TRAIN) != torch_seed(2, 0, TRAIN)  # were both seed + rank = 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_restartable_sac_run_on_hopper_keeps_its_replay_and_no_item_spans_the_seam(tmp_path):
+    import shutil
+
+    import torch
+
+    pytest.importorskip("mujoco")
+    run = tmp_path / "run"
+    args = ["algo=sac", "env=hopper", "env.num_envs=2", "model.hidden_sizes=[32,32]", "algo.learning_starts=100"]
+    args += ["total_steps=400", "checkpoint.every_steps=200", "eval.every_steps=0", "eval.episodes=1"]
+    args += ["eval.num_envs=1", "logging.progress=plain"]
+    # resume=auto: a run the machine may resume by itself checkpoints its replay without being told to.
+    out = rlrun("train", f"hydra.run.dir={run}", "resume=auto", *args, cwd=tmp_path, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (run / "checkpoints" / "shard_000000000200_rank0.pt").exists()
+
+    part = tmp_path / "part"  # as if the job had died after its checkpoint at 200 steps
+    shutil.copytree(run, part)
+    for file in (part / "checkpoints").iterdir():
+        if int(file.stem.split("_")[1]) > 200:
+            file.unlink()
+    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    cursor = torch.load(part / "checkpoints" / "ckpt_000000000200.pt", weights_only=True)["ranks"][0]["cursor"]
+    replay = torch.load(part / "checkpoints" / "shard_000000000400_rank0.pt", weights_only=True)
+    seam = 200 // 2 - 1  # the newest row before the resume (2 envs: a row per vector step), its envs reset after
+    assert (replay["terminated"][seam] | replay["truncated"][seam]).all()  # every open episode ended there...
+    assert replay["first"][seam + 1].all()  # ...and the next row starts new ones
+    finals = dict(zip(replay["final_items"].tolist(), replay["final_frames"]))
+    for env in range(2):
+        if not replay["terminated"][seam, env]:  # bootstrapped from the observation that would have come next
+            assert torch.equal(finals[seam * 2 + env].double(), cursor["next_obs"][env].double())
+
+    # Without its replay, a resume says it starts on an empty one.
+    for shard in (part / "checkpoints").glob("shard_*"):
+        shard.unlink()
+    out = rlrun("train", f"resume={part}", "total_steps=600", cwd=tmp_path, timeout=200)
+    assert out.returncode == 0 and "the replay starts empty" in out.stdout + out.stderr, out.stderr[-3000:]
