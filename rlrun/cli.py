@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, validate_play
-from rlrun.errors import Fault, NonFiniteError, UserError
+from rlrun.errors import Fault, NonFiniteError, NothingToDo, UserError
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -67,10 +67,10 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
 
 
 def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
-    from rlrun.config.preflight import job_threads, train_config
+    from rlrun.config.preflight import job_threads, replay_checkpoint, train_config
     from rlrun.config.presets import job_presets
     from rlrun.config.store import to_yaml
-    from rlrun.distributed import from_env, launched_externally, requeue_count
+    from rlrun.distributed import from_env, launched_externally, requeue_count, under_slurm
     from rlrun.launch import launch, setup_rank_logging
     from rlrun.train import train
 
@@ -79,6 +79,8 @@ def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict
     typed, state = train_config(cfg, overrides, run_dir, requeued=requeue_count() > 0)
     if state is None:
         logging.getLogger("rlrun").info(presets)
+    resumable = under_slurm() or typed.distributed.max_restarts > 0 or cfg.resume == "auto"
+    typed = replay_checkpoint(typed, resumable)
     typed = job_threads(typed, OmegaConf.select(hc.launcher, "n_jobs", default=None))
     config_yaml = to_yaml(replace(typed, resume=None))
     d = typed.distributed
@@ -131,6 +133,9 @@ def train_app(cfg: DictConfig) -> float | None:
     try:
         with _job_folder(cfg, run_dir):
             summary = _train_job(cfg, hc, overrides, run_dir)
+    except NothingToDo as e:  # resume=auto or a requeue found the run complete
+        logging.getLogger("rlrun").info("%s", e)
+        return None
     except Exception as e:
         known = _known_error(e)
         if hc.mode != RunMode.MULTIRUN:
@@ -141,8 +146,10 @@ def train_app(cfg: DictConfig) -> float | None:
         message = known[0] if known else f"{type(e).__name__}: {e}"
         logging.getLogger("rlrun").error("job %s failed: %s", hc.job.num, message)
         failed = {"status": "failed", "error": message, "overrides": overrides}
-        with contextlib.suppress(OSError):  # a full disk: the line above said why
-            (run_dir / "summary.json").write_text(json.dumps(failed, indent=2))
+        summary = run_dir / "summary.json"
+        if not summary.exists():  # the run's own record stands: a failed training run's, or a failed resume's run's
+            with contextlib.suppress(OSError):  # a full disk: the line above said why
+                summary.write_text(json.dumps(failed, indent=2))
         return float("nan")
     if summary is None:  # a node without rank 0
         return None
@@ -228,8 +235,12 @@ def main(argv: list[str] | None = None) -> None:
     from rlrun.config.store import register_configs
 
     register_configs()  # the schemas the apps compose against
-    with user_errors():
-        args = preflight(command, args)
+    try:
+        with user_errors():
+            args = preflight(command, args)
+    except NothingToDo as e:
+        print(f"rlrun: {e}")
+        return
     folder = None
     if command == "train" and not runs_nothing(args):  # printing a config needs no run folder (nor torch)
         args = _torchrun_args(args)

@@ -50,6 +50,11 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def under_slurm() -> bool:
+    """Whether this runs as (part of) a SLURM job, which the scheduler may requeue."""
+    return "SLURM_JOB_ID" in os.environ
+
+
 def requeue_count() -> int:
     """How often SLURM has requeued this job (after a preemption or a time limit; 0 outside SLURM)."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0"))

@@ -2,6 +2,10 @@
 cannot go on through, the machine's (Fault) or its numbers' (NonFiniteError) (exit 1)."""
 
 
+class NothingToDo(Exception):
+    """A command that has nothing to do (resuming a run that is complete): one line, exit 0, nothing written."""
+
+
 class UserError(Exception):
     """Bad input (config value, env id, checkpoint file): the message says what is wrong and what is accepted."""
 

@@ -16,6 +16,7 @@ from rlrun.config import EnvConfig, TrainConfig
 from rlrun.envs import check_env_id, env_seeds, finished_episodes, import_env_modules, make_vector_env
 from rlrun.errors import NonFiniteError
 from rlrun.logger import NullLogger
+from rlrun.seeding import EVALUATION, torch_seed
 
 
 def run_episodes(
@@ -93,6 +94,7 @@ class Evaluator:
         episodes, n = self.cfg.eval.episodes, self.envs.num_envs
         self.logger.eval_started(episodes, n, self.cap)
         with torch.random.fork_rng(devices=rng_devices(self.device)):
+            torch.manual_seed(torch_seed(self.cfg.seed, 0, EVALUATION))  # every evaluation draws the same noise
             seeds = env_seeds(self.cfg.seed, 0, n, stream=1)
             act = lambda o, starts: algo.act(o, self.cfg.eval.deterministic, starts)  # noqa: E731
             on_step = lambda done, steps: self.logger.eval_progress(done, steps * n)  # noqa: E731

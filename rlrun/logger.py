@@ -137,7 +137,9 @@ class RunLogger:
             if self.tensorboard and self.writer is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.start_steps or None)
+                # TensorBoard drops the points at steps >= purge_step: those after the checkpoint, not its own.
+                purge = self.start_steps + 1 if self.start_steps else None
+                self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
             if self.writer is not None:
                 for key, value in metrics.items():
                     self.writer.add_scalar(key, value, env_steps)

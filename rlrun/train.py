@@ -38,6 +38,9 @@ from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import list_checkpoints, newest_line, run_dir_of
+from rlrun.run_record import RunRecord
+from rlrun.schedule import continuation_lines, resumed_progress
+from rlrun.seeding import RESUMED, TRAIN, torch_seed
 
 log = logging.getLogger("rlrun")
 
@@ -167,28 +170,47 @@ def _env_state(envs) -> list | None:
     return None if any(s is None for s in state) else state
 
 
-def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episodes_log: EpisodeLog) -> None:
-    """Continue from a checkpoint: shared state for all, and each rank's own RNG, envs, cursor and the
-    episodes it had finished but not yet logged."""
+def _restore(state: dict, cfg: TrainConfig, ctx: RankContext, algo, envs, episodes_log: EpisodeLog) -> bool:
+    """Continue from a checkpoint: shared state for all, and each rank's own RNG, envs, cursor, replay and the
+    episodes it had finished but not yet logged. Returns whether this rank's replay was restored."""
     algo.load_state_dict(state["algo"])
     ranks = state["ranks"]
     mine = ranks[ctx.rank] if len(ranks) == ctx.world_size else None
     if mine:
         set_rng_state(mine, ctx.device)
     else:
-        torch.manual_seed(cfg.seed + ctx.rank + 1000 * state["iteration"])
+        torch.manual_seed(torch_seed(cfg.seed, ctx.rank, RESUMED, state["iteration"]))
     if mine:
         episodes_log.pending = [(float(r), int(n)) for r, n in mine["episodes"]]
         episodes_log.own_total = mine["own_episodes"]
-    if mine and mine["envs"] is not None:
-        envs.set_env_state(mine["envs"])
-        algo.load_rank_state(mine["cursor"])
-    else:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
-        seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
-        algo.start(envs.reset(seed=seeds)[0])
     shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank) if mine else None
+    exact = mine and mine["envs"] is not None
+    if exact:
+        envs.set_env_state(mine["envs"])
+    if exact or shard is not None:  # with a replay and reset envs, the cursor is where its open episodes end
+        algo.load_rank_state(mine["cursor"])
     if shard is not None:  # this rank's replay, when it was checkpointed
         algo.load_shard_state(shard)
+    if not exact:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
+        seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
+        algo.start(envs.reset(seed=seeds)[0])
+    return shard is not None
+
+
+def _resume(state: dict | None, cfg, ctx, algo, envs, episodes_log: EpisodeLog, record, logger, per_iteration: int):
+    """(env steps, iteration, Progress) to start from: a checkpoint's, restored, or a fresh run's. A resume that
+    changes the budget says where each annealed quantity continues from."""
+    progress, extended = resumed_progress(state, cfg.total_steps, per_iteration)
+    if state is None:
+        return 0, 0, progress
+    replay = _restore(state, cfg, ctx, algo, envs, episodes_log)
+    episodes_log.total = record.episodes()
+    logger.info("resumed from %s at %d env steps", state["path"], state["env_steps"])
+    if getattr(cfg.algo, "replay", None) is not None and not replay:  # an off-policy run
+        logger.info("no replay shard in the checkpoint (algo.replay.checkpoint=false): the replay starts empty")
+    for line in continuation_lines(algo.annealed(), progress, state["env_steps"]) if extended else []:
+        logger.info("%s", line)
+    return state["env_steps"], state["iteration"], progress
 
 
 def train(
@@ -220,22 +242,26 @@ def train(
         Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
     stop: StopSignal | None = None
+    record = RunRecord(list(overrides), resume_state)
     try:
         ctx.init()
         # Only now: a rank still forming the group (waiting on a peer that may be gone) must die of the SIGTERM its
         # dying launcher sends it, not turn it into a stop flag that no loop reads until the group's timeout.
         stop = StopSignal(announce=ctx.is_main)
         parts = (envs, evaluator, logger, checkpointer, stop)
-        return _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, *parts)
+        return _run(cfg, run_dir, ctx, config_yaml, resume_state, record, *parts)
     except StopNow as e:  # a second signal: no final checkpoint, but the record of why and how to continue
         resume = _resume_line(run_dir)
         summary = {"status": "interrupted", "signal": e.signum, "stopped": "at once (a second signal)"}
-        logger.summary(summary | {"overrides": list(overrides)} | ({"resume": resume} if resume else {}))
+        if record.started or resume_state is None:  # a resume stopped before it trained leaves the record as it was
+            logger.summary(summary | {"overrides": record.original} | ({"resume": resume} if resume else {}))
         logger.error("stopped at once by a second signal%s", f"; continue with: {resume}" if resume else "")
         return summary
     except Exception as e:
-        with contextlib.suppress(Fault):  # written if the disk still takes it
-            logger.failed(f"{type(e).__name__}: {e}", list(overrides), _resume_line(run_dir))  # a report reads why
+        # A resume that fails before it trains leaves the run's record as it was (completed, interrupted).
+        if record.started or resume_state is None:
+            with contextlib.suppress(Fault):  # written if the disk still takes it
+                logger.failed(f"{type(e).__name__}: {e}", record.original, _resume_line(run_dir))  # a report reads it
         if isinstance(e, Fault):  # one line: the file, the error, and what is left to continue from
             raise Fault(f"{e}; {newest_line(run_dir)}") from e
         raise
@@ -248,12 +274,12 @@ def train(
         ctx.close()
 
 
-def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluator, logger, checkpointer, stop) -> dict:
+def _run(cfg, run_dir, ctx, config_yaml, resume_state, record, envs, evaluator, logger, checkpointer, stop) -> dict:
     threads = torch.get_num_threads()
     # Env workers take cores while the policy acts: acting on the others only, or OpenMP threads wait on each
     # other behind the workers.
     collect_threads = max(1, threads - envs.num_workers)
-    torch.manual_seed(cfg.seed + ctx.rank)
+    torch.manual_seed(torch_seed(cfg.seed, ctx.rank, TRAIN))
     spec = EnvSpec(envs.single_observation_space, envs.single_action_space, cfg.env.num_envs, frame_stack(cfg.env))
     reductions = Reductions(ctx.mean_all, Shards(ctx.rank, ctx.gather_all), ctx.finish_line())
     algo = build_algo(cfg.algo, cfg.model, spec, ctx.device, reductions)
@@ -269,13 +295,10 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     steps_per_iteration = algo.steps_per_collect * ctx.world_size  # fewer when a straggler is preempted
     num_iterations = cfg.total_steps // steps_per_iteration
     final_steps = num_iterations * steps_per_iteration  # the run ends at or after this many env steps
-    env_steps = iteration = 0
     algo.start(envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
     episodes_log = EpisodeLog(ctx)
-    if resume_state is not None:
-        env_steps, iteration = resume_state["env_steps"], resume_state["iteration"]
-        _restore(resume_state, cfg, ctx, algo, envs, episodes_log)
-        logger.info("resumed from %s at %d env steps", resume_state["path"], env_steps)
+    resumed = _resume(resume_state, cfg, ctx, algo, envs, episodes_log, record, logger, steps_per_iteration)
+    env_steps, iteration, progress = resumed
 
     def save() -> Path | None:
         # Every rank takes part (its envs, RNG and cursor are its own); only the main rank writes, except a
@@ -290,7 +313,14 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
             "own_episodes": episodes_log.own_total,
         }
         state = {"config": config_yaml, "iteration": iteration, "algo": algo.state_dict(), "ranks": ctx.all_gather(own)}
-        return checkpointer.save(state, env_steps)
+        return checkpointer.save(state | run_state(), env_steps)
+
+    def run_state() -> dict:
+        """What the run as a whole carries across sessions: its record so far."""
+        record_state = record.checkpoint(
+            env_steps, time.perf_counter() - start_time - evaluator.seconds, episodes_log.total
+        )
+        return {"record": record_state, "steps_per_iteration": steps_per_iteration, "schedule": progress.state()}
 
     logger.info(
         "run folder %s: %s on %s, %d env steps (%d iterations of %d, %d rank%s)",
@@ -308,18 +338,20 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
     recent: deque[float] = deque(maxlen=100)
     eval_returns = None
     recovery = Recovery(checkpointer, config_yaml, run_dir, logger, iteration, env_steps if resume_state else None)
+    recovery.run_state = run_state
     rollouts = RolloutLog(ctx, algo.steps_per_collect)
     stopped: int | None = None  # the signal all ranks stop for, when one of them got one
+    record.start_training()
     try:
         while env_steps < final_steps:
             torch.set_num_threads(collect_threads)
             with _nonfinite_context(f"in the iteration from env step {env_steps:,} on rank {ctx.rank}"):
-                collected = algo.collect(envs, env_steps / cfg.total_steps)
+                collected = algo.collect(envs, progress(env_steps))
             torch.set_num_threads(threads)
             evaluator.check_alive()
             recovery.updating = True
             with _nonfinite_context(f"in iteration {iteration + 1} (from env step {env_steps:,})"):
-                stats = algo.update(progress=env_steps / cfg.total_steps)
+                stats = algo.update(progress=progress(env_steps))
                 require_finite_stats(stats, cfg.algo.name)
             recovery.updating = False
             stopping, steps = rollouts.gather(stop.requested(), collected)
@@ -347,9 +379,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
                 stopped = int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
                 break
         loop_seconds = time.perf_counter() - start_time - evaluator.seconds  # training's own: SPS counts it alone
+        # The last episodes are logged in the final line, not carried by the checkpoint: a resume would log
+        # them again.
+        final_metrics = episodes_log.metrics()
         final = save()  # before the final evaluation, which may fail
         recovery.saved_at = env_steps
-        final_metrics = episodes_log.metrics()
         evaluated, stopped = _final_evaluation(evaluator, algo, stop, stopped)
         interrupted = stopped is not None
         if evaluated is not None:
@@ -370,13 +404,11 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         "seed": cfg.seed,
         "env_steps": env_steps,
         "iterations": iteration,
-        "wall_seconds": round(time.perf_counter() - start_time, 3),
-        "sps": round((env_steps - start_steps) / loop_seconds, 1) if loop_seconds > 0 else None,
-        "eval_seconds": round(evaluator.seconds, 3),  # in wall_seconds, not in sps
+        **record.summary(env_steps, loop_seconds, episodes_log.total, _ended(stopped)),
+        "eval_seconds": round(evaluator.seconds, 3),  # this session's, in its wall_seconds, not in sps
         **_eval_summary(eval_returns),
         "final_checkpoint": str(final) if final else None,
         **({"resume": _resume_line(run_dir)} if interrupted else {}),
-        "overrides": list(overrides),
         "resumed_from": resume_state["path"] if resume_state else None,
         "world_size": ctx.world_size,
         "restarts": restart_count(),  # torch elastic's, after failures (distributed.max_restarts)
@@ -394,8 +426,8 @@ def _run(cfg, run_dir, ctx, config_yaml, resume_state, overrides, envs, evaluato
         logger.info(
             "done: %d env steps in %.1f s (%.0f sps, evaluation %.1f s); eval return %s",
             env_steps,
-            summary["wall_seconds"],
-            summary["sps"] or 0,
+            summary["sessions"][-1]["wall_seconds"],
+            summary["sessions"][-1]["sps"] or 0,
             summary["eval_seconds"],
             _eval_text(eval_returns),
         )
@@ -425,13 +457,14 @@ class Recovery:
         self.checkpointer, self.config_yaml, self.run_dir, self.logger = checkpointer, config_yaml, run_dir, logger
         self.start_iteration, self.saved_at = iteration, saved_at
         self.updating = False
+        self.run_state: Callable[[], dict] = dict
 
     def write(self, error: Exception, algo, iteration: int, env_steps: int) -> None:
         # A non-finite loss or gradient stopped the update before its optimizer stepped: what it leaves is finite.
         whole = not self.updating or is_peer_loss(error) or isinstance(error, NonFiniteError)
         if whole and iteration > self.start_iteration and self.saved_at != env_steps:
             state = {"config": self.config_yaml, "iteration": iteration, "algo": algo.state_dict(), "ranks": []}
-            path = self.checkpointer.save(state | {"recovery": True}, env_steps)
+            path = self.checkpointer.save(state | self.run_state() | {"recovery": True}, env_steps)
             if path is not None:
                 self.saved_at = env_steps
                 self.logger.error("recovery checkpoint at %d env steps: %s", env_steps, path)
@@ -490,6 +523,10 @@ def _announce_envs(cfg: TrainConfig, ctx: RankContext) -> None:
     if ctx.is_main and cfg.logging.progress != "none" and v.backend != "sync":
         what = {"subproc": "env worker processes", "ray": "Ray and its env actors"}[v.backend]
         log.info("starting %s for %d envs per rank", what, cfg.env.num_envs)
+
+
+def _ended(signum: int | None) -> str:
+    return "completed" if signum is None else f"interrupted by signal {signum}"
 
 
 def _log_interval(logger, env_steps: int, metrics: dict, returns: np.ndarray | None) -> np.ndarray | None:

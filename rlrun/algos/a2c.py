@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from rlrun.algos.configs import A2CConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import MeanAll, normalize_advantages
-from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
+from rlrun.algos.protocol import Annealed, EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import StepRows, step_groups
 from rlrun.config import ModelConfig
@@ -199,6 +199,10 @@ class A2C:
         self.model.train()
         self.loss, self.stats, self.next_obs, episodes = self.learner(envs, self.next_obs)
         return episodes_of(episodes, self.steps_per_collect)
+
+    def annealed(self) -> list[Annealed]:
+        c = self.cfg
+        return [("learning rate", lambda p: c.lr * (1.0 - p), 1.0)] if c.anneal_lr else []
 
     def update(self, progress: float) -> dict[str, float]:
         """The gradient step on the last unroll's loss; `progress` in [0, 1) sets the annealed learning rate."""

@@ -256,7 +256,9 @@ class ReplayConfig:
     alpha: float = 0.6  # priority exponent
     beta_start: float = 0.4  # importance-weight exponent, annealed linearly to 1 over training
     priority_eps: float = 1e-6  # added to |TD error|
-    checkpoint: bool = False  # each rank writes its shard beside every checkpoint (large) and resume restores it
+    # Each rank writes its shard beside every checkpoint (large) and resume restores it. Unset: true for a run the
+    # machine may resume by itself (under SLURM, distributed.max_restarts > 0, resume=auto), false otherwise.
+    checkpoint: bool | None = None
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from rlrun.algos.configs import DQNConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.protocol import EnvSpec, Reductions
+from rlrun.algos.protocol import Annealed, EnvSpec, Reductions
 from rlrun.config import ModelConfig
 from rlrun.errors import UserError
 from rlrun.models import trainable
@@ -110,6 +110,15 @@ class DQN(ReplayAlgorithm):
 
     def sync_targets(self) -> None:
         polyak_update(self.target, self.model, 1.0)
+
+    def annealed(self) -> list[Annealed]:
+        c = self.cfg
+        epsilon = (
+            "epsilon",
+            lambda p: linear_schedule(c.start_e, c.end_e, c.exploration_fraction, p),
+            c.exploration_fraction,
+        )
+        return [epsilon, *super().annealed()]
 
     def charts(self) -> dict[str, float]:
         return {"learning_rate": self.cfg.lr, "charts/epsilon": self.epsilon}

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.protocol import EnvSpec, Reductions, Wrap, episodes_of
+from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
 from rlrun.envs import finished_episodes
 
@@ -94,6 +94,10 @@ class ReplayAlgorithm:
         """Targets <- the online networks. Called once the learners are wrapped: DDP gave every rank rank 0's
         networks there, and the targets start from them (a resume then loads its own)."""
 
+    def annealed(self) -> list[Annealed]:
+        r = self.cfg.replay
+        return [("PER beta", lambda p: r.beta_start + (1.0 - r.beta_start) * p, 1.0)] if r.prioritized else []
+
     def charts(self) -> dict[str, float]:
         """What the algorithm logs at every update besides its stats (schedules, rates)."""
         return {}
@@ -113,6 +117,11 @@ class ReplayAlgorithm:
         self.sync_targets()
 
     def start(self, obs: np.ndarray) -> None:
+        """Collecting starts from `obs` after a reset. When the replay holds episodes still open (a resume whose
+        envs were reset: their state was not plain data), each ends as a truncation at the observation that would
+        have come next (the checkpoint's cursor), so no item spans the seam into an unrelated start state."""
+        if self.next_obs is not None and self.replay.written:
+            self.replay.truncate_open(self.next_obs)
         self.next_obs = obs
 
     def _obs(self, obs: np.ndarray) -> Tensor:

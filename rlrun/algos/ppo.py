@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from rlrun.algos.configs import PPOConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import RunningMoments, normalize_advantages, weighted_mean_all
-from rlrun.algos.protocol import EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
+from rlrun.algos.protocol import Annealed, EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
 from rlrun.buffers.rollout import Rollout, minibatch_indices, minibatch_slices, take_rows
@@ -259,6 +259,10 @@ class PPO:
         r.next_values[:n] = torch.where(r.truncated[:n].to(self.device), r.next_values[:n], following)
         collected = episodes_of(episodes, n * self.num_envs)
         return collected | {"preempted": n < self.cfg.num_steps} if preempting else collected
+
+    def annealed(self) -> list[Annealed]:
+        c = self.cfg
+        return [("learning rate", lambda p: c.lr * (1.0 - p), 1.0)] if c.anneal_lr else []
 
     def update(self, progress: float) -> dict[str, float]:
         """Epochs x minibatches of PPO on the last rollout. `progress` in [0, 1) is the fraction of training

@@ -17,6 +17,8 @@ from rlrun.buffers.replay import ONE_SHARD, Shards
 # (learner, the parameters its optimizers train) -> the learner as training calls it (in DDP when distributed)
 Wrap = Callable[[nn.Module, list[nn.Parameter]], nn.Module]
 Episodes = tuple[np.ndarray, np.ndarray]  # (returns [k], lengths [k]) of the episodes that ended
+# An annealed quantity: (its name, its value at a progress in [0, 1], the progress at which it reaches its end).
+Annealed = tuple[str, Callable[[float], float], float]
 
 
 def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict:
@@ -93,6 +95,7 @@ class Algorithm(Protocol):
     # The episodes that ended and the env steps taken (episodes_of); "preempted" too when rollouts can be cut short.
     def collect(self, envs: VectorEnv, progress: float) -> dict: ...
     def update(self, progress: float) -> dict[str, float]: ...
+    def annealed(self) -> list[Annealed]: ...  # what `progress` anneals (a resume that extends the run says it)
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray: ...
     def state_dict(self) -> dict: ...  # shared by every rank
     def load_state_dict(self, state: dict) -> None: ...

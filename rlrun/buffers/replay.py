@@ -161,6 +161,16 @@ class ReplayBuffer:
         if self.written > self.n and not self.context[complete]:
             self._set_live(complete, True)
 
+    def truncate_open(self, next_obs: np.ndarray) -> None:
+        """End every episode still open at the newest row as a truncation whose final observation is
+        `next_obs` [N, ...] (the observation each env would have given next), so the next row starts episodes."""
+        row = (self.pos - 1) % self.rows
+        open_ = ~(self.terminated[row] | self.truncated[row])
+        for env in np.flatnonzero(open_):
+            self.final[row * self.num_envs + env] = np.array(next_obs[env][-1] if self.k > 1 else next_obs[env])
+        self.truncated[row] |= open_
+        self._episode_start[:] = True
+
     def _write(self, frame: np.ndarray, context: bool) -> int:
         row = self.pos
         self._set_live(row, False)

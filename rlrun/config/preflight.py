@@ -28,7 +28,7 @@ from rlrun.config.hydra_compat import (
 )
 from rlrun.config.presets import preset_override
 from rlrun.config.store import GROUPS, from_yaml
-from rlrun.errors import UserError
+from rlrun.errors import NothingToDo, UserError
 
 log = logging.getLogger("rlrun")
 
@@ -46,7 +46,83 @@ def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict
     typed = replace(from_yaml(state["config"], overrides), resume=resume)
     validate_train(typed)
     check_device_present(typed.device, typed.distributed.nproc_per_node)
+    check_fits(state, typed)
+    _check_not_done(state, typed)
     return typed, state
+
+
+def _check_not_done(state: dict, typed: TrainConfig) -> None:
+    """Resuming a run that has trained its whole budget, without a larger one, changes nothing."""
+    per_iteration = state.get("steps_per_iteration")  # the checkpoint's; a resume to another world size may differ
+    if not per_iteration:
+        return
+    if state["env_steps"] >= typed.total_steps // per_iteration * per_iteration:
+        raise NothingToDo(
+            f"{state['path']} is complete at {state['env_steps']} env steps (total_steps={typed.total_steps}); "
+            "nothing to do: give a larger total_steps to train it longer"
+        )
+
+
+def check_fits(state: dict, typed: TrainConfig) -> None:
+    """A config that the checkpoint's networks cannot continue in (another env's spaces, another network shape)
+    ends here with one line naming the difference, before anything is written. Costs an env and a network built
+    only when the resume line changes the env, model or algorithm."""
+    trained = from_yaml(state["config"])
+    if (trained.env, trained.model, trained.algo) == (typed.env, typed.model, typed.algo):
+        return
+    from rlrun.algos import build_algo
+    from rlrun.algos.protocol import EnvSpec
+    from rlrun.envs import env_spaces, frame_stack, import_env_modules
+
+    import_env_modules(typed.env.imports)
+    obs, actions = env_spaces(typed.env)
+    if trained.env != typed.env:
+        was_obs, was_actions = env_spaces(trained.env)
+        changed = f"env.id={typed.env.id}" if typed.env.id != trained.env.id else _changed("env", trained, typed)
+        if was_obs.shape != obs.shape:
+            raise UserError(
+                f"the checkpoint was trained on {trained.env.id} with a {_shape(was_obs.shape)} observation; "
+                f"{changed} has {_shape(obs.shape, short=True)}"
+            )
+        if was_actions != actions:
+            raise UserError(
+                f"the checkpoint was trained on {trained.env.id} with actions {was_actions}; {changed} has {actions}"
+            )
+    import torch
+
+    spec = EnvSpec(obs, actions, typed.env.num_envs, frame_stack(typed.env))
+    fresh = build_algo(typed.algo, typed.model, spec, torch.device("cpu")).state_dict()["model"]
+    saved = state["algo"]["model"]
+    for key in [*saved, *(k for k in fresh if k not in saved)]:
+        a, b = saved.get(key), fresh.get(key)
+        if a is None or b is None or a.shape != b.shape:
+            was = "absent" if a is None else f"of shape {tuple(a.shape)}"
+            now = "absent" if b is None else f"of shape {tuple(b.shape)}"
+            changes = _changed("model", trained, typed) or _changed("algo", trained, typed)
+            raise UserError(
+                f"the checkpoint's network does not fit {changes or 'this config'}: {key} is {was} there, {now} here"
+            )
+
+
+def _changed(section: str, a: TrainConfig, b: TrainConfig) -> str:
+    """The keys of `section` whose values differ between two configs, as key=value of `b`."""
+    x, y = OmegaConf.structured(getattr(a, section)), OmegaConf.structured(getattr(b, section))
+    flat_x, flat_y = _flat(OmegaConf.to_container(x)), _flat(OmegaConf.to_container(y))
+    keys = [k for k in flat_y if flat_x.get(k) != flat_y[k]]
+    return " ".join(f"{section}.{k}={flat_y[k]}" for k in keys)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
+
+
+def _shape(shape: tuple, short: bool = False) -> str:
+    if len(shape) == 1:
+        return str(shape[0]) if short else f"{shape[0]}-dim"
+    return str(tuple(shape))
 
 
 def _log_warnings(typed: TrainConfig) -> None:
@@ -71,6 +147,16 @@ def train_config(
         return typed, state
     _log_warnings(typed)
     return typed, None
+
+
+def replay_checkpoint(typed: TrainConfig, resumable: bool) -> TrainConfig:
+    """An off-policy run that the machine may resume by itself (a requeue, an elastic restart, resume=auto)
+    checkpoints its replay unless told otherwise: resuming on an empty one would quietly refill learning_starts
+    and then train on a small recent buffer. Other runs do not, unless told to (the shards are large)."""
+    replay = getattr(typed.algo, "replay", None)
+    if replay is None or replay.checkpoint is not None:
+        return typed
+    return replace(typed, algo=replace(typed.algo, replay=replace(replay, checkpoint=resumable)))
 
 
 def job_threads(typed: TrainConfig, n_jobs: int | None) -> TrainConfig:

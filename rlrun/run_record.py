@@ -1,0 +1,112 @@
+"""One record per run across its sessions: the first start, then each resume, budget extension, requeue or elastic
+restart. The checkpoint carries the record up to its step, so summary.json describes the whole run (cumulative wall
+time, SPS over the steps trained, episodes, the original overrides that are the run's identity) and lists each
+session with its own overrides, where it resumed from and why it ended."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from rlrun.run_folder import run_dir_of
+
+# What a resume line says that is no part of the run's identity: where it resumes from, and how long it trains.
+NOT_IDENTITY = ("resume=", "total_steps=", "hydra.")
+
+
+class RunRecord:
+    """The sessions before this one (each up to the checkpoint the next one resumed from), and this one's."""
+
+    def __init__(self, overrides: list[str], resume_state: dict | None):
+        self.start_time = time.perf_counter()
+        self.started = False  # whether this session has started training (a resume that fails before: no record)
+        mine = [o for o in overrides if not o.startswith("resume=")]
+        self.session = {"overrides": mine, "resumed_from": resume_state["path"] if resume_state else None}
+        self.start_steps = resume_state["env_steps"] if resume_state else 0
+        if resume_state is None:
+            self.original, self.before, self.episodes_before = mine, [], 0
+            return
+        saved = resume_state.get("record")
+        origin = run_dir_of(Path(resume_state["path"]))
+        if saved is None:  # a checkpoint from before run records: what its run folder says
+            self.original, self.before, self.episodes_before = _folder_overrides(origin), [], None
+            return
+        self.original, self.before = list(saved["overrides"]), [dict(s) for s in saved["sessions"]]
+        self.episodes_before = int(saved["episodes"])
+        if self.before:
+            self.before[-1]["ended"] = _how_it_ended(origin, self.start_steps)
+
+    def start_training(self) -> None:
+        self.started = True
+
+    def _current(self, env_steps: int, train_seconds: float, episodes: int | None) -> dict:
+        steps = env_steps - self.start_steps
+        return {
+            **self.session,
+            "start_steps": self.start_steps,
+            "end_steps": env_steps,
+            "wall_seconds": round(time.perf_counter() - self.start_time, 3),
+            "train_seconds": round(train_seconds, 3),
+            "sps": round(steps / train_seconds, 1) if train_seconds > 0 and steps > 0 else None,
+            "episodes": None if episodes is None or self.episodes_before is None else episodes - self.episodes_before,
+        }
+
+    def checkpoint(self, env_steps: int, train_seconds: float, episodes: int) -> dict:
+        """What a checkpoint at `env_steps` carries: the record with this session up to there."""
+        now = self._current(env_steps, train_seconds, episodes)
+        return {"overrides": self.original, "sessions": [*self.before, now], "episodes": episodes}
+
+    def summary(self, env_steps: int, train_seconds: float, episodes: int, ended: str) -> dict:
+        """The run's figures over all its sessions, for summary.json."""
+        sessions = [*self.before, self._current(env_steps, train_seconds, episodes) | {"ended": ended}]
+        trained = sum(s["end_steps"] - s["start_steps"] for s in sessions)
+        seconds = sum(s["train_seconds"] for s in sessions)
+        return {
+            "wall_seconds": round(sum(s["wall_seconds"] for s in sessions), 3),
+            "sps": round(trained / seconds, 1) if seconds > 0 else None,
+            "overrides": self.original,
+            "sessions": sessions,
+        }
+
+    def episodes(self) -> int:
+        """Episodes logged before this session (0 when unknown: a checkpoint from before run records)."""
+        return self.episodes_before or 0
+
+
+def identity(overrides: list[str]) -> list[str]:
+    """The overrides that make a run what it is: without where it resumed from and its budget."""
+    return [o for o in overrides if not o.startswith(NOT_IDENTITY)]
+
+
+def _folder_overrides(folder: Path | None) -> list[str]:
+    if folder is None:
+        return []
+    summary = _summary(folder)
+    if summary.get("overrides") is not None:
+        return identity(list(summary["overrides"]))
+    saved = folder / ".hydra" / "overrides.yaml"
+    return identity(list(yaml.safe_load(saved.read_text()) or [])) if saved.exists() else []
+
+
+def _summary(folder: Path | None) -> dict:
+    try:
+        summary = json.loads((folder / "summary.json").read_text()) if folder is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _how_it_ended(folder: Path | None, env_steps: int) -> str:
+    """Why the session that wrote the checkpoint at `env_steps` ended, from its run folder's summary."""
+    summary = _summary(folder)
+    status = summary.get("status")
+    if status is None or summary.get("env_steps") not in (None, env_steps):
+        return f"resumed from its checkpoint at {env_steps} env steps"
+    if status == "failed":
+        return f"failed: {summary.get('error', '?')}"
+    if status == "interrupted":
+        return f"interrupted by signal {summary.get('signal')}"
+    return str(status)
