@@ -26,7 +26,7 @@ def test_help_lists_commands(tmp_path):
 def test_train_help_shows_groups_and_options(tmp_path):
     out = rlrun("train", "--help", cwd=tmp_path)
     assert out.returncode == 0
-    envs = "acrobot, ant, breakout, cartpole, cartpole_masked, halfcheetah, hopper, humanoid, pendulum, walker2d"
+    envs = "acrobot, ant, breakout, cartpole, cartpole_masked, frozenlake, halfcheetah, hopper, humanoid, lunarlander"
     assert f"env: {envs}" in out.stdout
     assert "model: gru, lru, lstm, mlp, nature_cnn" in out.stdout
 
@@ -42,7 +42,7 @@ def test_cfg_job_prints_composed_config(tmp_path):
 # stderr, exit 2, no run folder.
 BAD_TRAIN = [
     (["algo.lrr=0.1"], "unknown key 'algo.lrr'; did you mean algo.lr?"),
-    (["env=nope"], "unknown env 'nope'; choose one of: acrobot, ant, breakout, cartpole, cartpole_masked, halfcheetah"),
+    (["env=nope"], "unknown env 'nope'; choose one of: acrobot, ant, breakout, cartpole, cartpole_masked, frozenlake"),
     (["algo.lr=-1"], "algo.lr=-1.0: must be > 0"),
     (["-m", "seed=1,2", "algo.lr=0.1,-2"], "algo.lr=-2.0: must be > 0"),
     (["resume=does/not/exist"], "checkpoint not found"),

@@ -114,6 +114,15 @@ def check_env_id(env_id: str) -> None:
     raise UserError(f"unknown env id '{env_id}'{hint}")
 
 
+def _legal_action(env: gym.Env, obs: np.ndarray):
+    """A random action the env allows after `obs`: within its action mask when its observations carry one (an env may
+    refuse an illegal action), else any."""
+    size, space = getattr(env.observation_space, "mask_size", 0), env.action_space
+    if size and isinstance(space, gym.spaces.Discrete):
+        return space.sample(mask=np.asarray(obs[-size:], dtype=np.int8))
+    return space.sample()
+
+
 def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tuple[gym.Space, gym.Space]:
     """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied). Given
     a list, the env also goes through gymnasium's passive env checker (built, reset and stepped once), and the list
@@ -126,8 +135,8 @@ def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tup
             warnings.simplefilter("always")
             try:
                 env = make_env(cfg, train=False, check=True)()
-                env.reset(seed=0)
-                env.step(env.action_space.sample())
+                obs, _ = env.reset(seed=0)
+                env.step(_legal_action(env, obs))
             except AssertionError as e:
                 raise UserError(f"env {cfg.id} fails gymnasium's env checker: {str(e).splitlines()[0]}") from e
         for w in caught:  # gymnasium's logger.warn: "WARN: ..." in terminal colours; the env's own warnings recur
@@ -243,21 +252,22 @@ def make_env(
 
     def thunk() -> gym.Env:
         _route_mujoco_warnings(cfg.id)
-        kwargs = dict(cfg.kwargs, disable_env_checker=not check)
+        kwargs = dict(cfg.kwargs)
+        options = {"disable_env_checker": not check}
         if atari is not None:
             kwargs.update(frameskip=1, repeat_action_probability=atari.repeat_action_probability)
         if render_mode is not None:  # not passed otherwise: users' envs need not accept it
             kwargs["render_mode"] = render_mode
         if atari is None:
             env = gym.wrappers.RecordEpisodeStatistics(
-                _gym_make(cfg.id, kwargs, max_episode_steps=cfg.max_episode_steps)
+                _gym_make(cfg.id, kwargs, max_episode_steps=cfg.max_episode_steps, **options)
             )
             env = encode_observations(env, cfg.id, cfg.obs_keys)
         else:
             from rlrun.envs.atari_seeded import seeded_spec
 
             env = gym.wrappers.AtariPreprocessing(
-                _gym_make(cfg.id if seed is None else seeded_spec(cfg.id, seed), kwargs),
+                _gym_make(cfg.id if seed is None else seeded_spec(cfg.id, seed), kwargs, **options),
                 noop_max=atari.noop_max,
                 frame_skip=atari.frame_skip,
                 screen_size=atari.screen_size,
