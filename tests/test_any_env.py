@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -119,15 +120,17 @@ class Notes(gym.Env):
     """A Dict observation: a position (Discrete), a vector (Box) and a note (Text) no network takes; the reward is
     for repeating the position as the action."""
 
-    def __init__(self):
+    def __init__(self, noise=False):
+        self.noise = noise  # the vector: noise around 3 (what normalization rescales), or zeros
         self.observation_space = gym.spaces.Dict(
-            {"pos": gym.spaces.Discrete(3), "vec": gym.spaces.Box(-1, 1, (2,)), "note": gym.spaces.Text(8)}
+            {"pos": gym.spaces.Discrete(3), "vec": gym.spaces.Box(-10, 10, (2,)), "note": gym.spaces.Text(8)}
         )
         self.action_space = gym.spaces.Discrete(3)
 
     def _obs(self):
         self.pos = int(self.np_random.integers(3))
-        return {"pos": self.pos, "vec": np.zeros(2, np.float32), "note": "hi"}
+        vec = 3 + 2 * self.np_random.standard_normal(2) if self.noise else np.zeros(2)
+        return {"pos": self.pos, "vec": vec.astype(np.float32), "note": "hi"}
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -313,6 +316,28 @@ def test_images_get_a_cnn_in_channel_first_layout_whatever_the_env_gives(folder,
             assert model.act(torch.from_numpy(obs_space.sample()[None]))[0].shape == (1,)
         q = build_q_network(ModelConfig(), obs_space, action_space, dueling=False)
         assert isinstance(q.encoder, cnn)
+
+
+def test_normalize_obs_rescales_the_float_keys_only(folder, monkeypatch):
+    """algo.normalize_obs on a Dict observation: its float vector is rescaled, its one-hot keeps 0 and 1; on
+    observations as the env gives them (CartPole), every entry is rescaled, as before."""
+    from rlrun.algos.normalize import RunningMoments, float_entries
+    from rlrun.config import EnvConfig
+    from rlrun.envs import env_spaces, make_env
+
+    monkeypatch.chdir(folder)
+    cfg = EnvConfig(id="Notes-v0", imports=["spaces_envs"], obs_keys=["pos", "vec"], kwargs={"noise": True})
+    obs_space, _ = env_spaces(cfg)
+    env = make_env(cfg, train=True, seed=0)()
+    obs = [env.reset(seed=0)[0]] + [env.step(0)[0] for _ in range(200)]
+    x = torch.as_tensor(np.stack(obs))
+    rms = RunningMoments(obs_space.shape, scaled=float_entries(obs_space))
+    rms.update(x)
+    out = rms.normalize(x, 10.0)
+    assert torch.equal(out[:, :3], x[:, :3]) and set(out[:, :3].unique().tolist()) == {0.0, 1.0}  # the one-hot
+    assert abs(float(out[:, 3:].mean())) < 0.1 and abs(float(out[:, 3:].std()) - 1) < 0.1  # the vector, mean ~3
+    cartpole, _ = env_spaces(EnvConfig(id="CartPole-v1"))
+    assert float_entries(cartpole) is None
 
 
 @pytest.mark.slow

@@ -35,12 +35,21 @@ class EncodedBox(gym.spaces.Box):
     masks, the last mask_size entries are the mask (1: legal), one per action (per component's action for
     MultiDiscrete, side by side). `images`: (offset, (C, H, W)) of each image key, laid flat in channel-first
     order, which gets a CNN of its own (SB3's CombinedExtractor). Being part of the observation vector, the mask
-    and the images reach rollouts, replays and every collector with no change to them."""
+    and the images reach rollouts, replays and every collector with no change to them. `floats`: the entries that
+    come from float Box keys, the only ones observation normalization rescales (not one-hots, bits, integer
+    vectors, images or masks)."""
 
-    def __init__(self, size: int, mask_size: int = 0, images: tuple[tuple[int, tuple[int, int, int]], ...] = ()):
+    def __init__(
+        self,
+        size: int,
+        mask_size: int = 0,
+        images: tuple[tuple[int, tuple[int, int, int]], ...] = (),
+        floats: tuple[tuple[int, int], ...] = (),
+    ):
         super().__init__(-np.inf, np.inf, (size,), np.float32)
         self.mask_size = mask_size
         self.images = images
+        self.floats = floats  # (start, end) of the float Box keys: what algo.normalize_obs rescales
 
 
 def mask_size(space: gym.Space) -> int:
@@ -87,6 +96,10 @@ def _encode(space: gym.Space, value) -> np.ndarray:
     return np.asarray(value, np.float32).ravel()
 
 
+def _is_float(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating)
+
+
 def _chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
     return (shape[2], shape[0], shape[1]) if channels_last(shape) else tuple(shape)
 
@@ -111,13 +124,11 @@ class EncodeObservation(gym.ObservationWrapper):
         if self.transpose:
             h, w, c = space.shape
             self.observation_space = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
-        elif self.mask_size or any(is_image(s) for _, s in self.parts):
-            offsets = np.cumsum([0] + [_size(s) for _, s in self.parts])
-            images = tuple((int(o), _chw(s.shape)) for o, (_, s) in zip(offsets, self.parts) if is_image(s))
-            self.observation_space = EncodedBox(int(offsets[-1]) + self.mask_size, self.mask_size, images)
         else:
-            size = sum(_size(s) for _, s in self.parts)
-            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+            offsets = [int(o) for o in np.cumsum([0] + [_size(s) for _, s in self.parts])]
+            images = tuple((o, _chw(s.shape)) for o, (_, s) in zip(offsets, self.parts) if is_image(s))
+            floats = tuple((o, e) for o, e, (_, s) in zip(offsets, offsets[1:], self.parts) if _is_float(s))
+            self.observation_space = EncodedBox(offsets[-1] + self.mask_size, self.mask_size, images, floats)
 
     def reset(self, **kwargs):
         self.steps = 0
