@@ -297,6 +297,36 @@ def test_minigrid_dict_observations_give_the_image_key_a_cnn_and_learn_with_ppo_
         assert any(".cnns.0.conv.0.weight" in k for k in model), list(model)  # the image's own CNN
 
 
+def test_dict_image_keys_lie_channel_first_where_every_network_gives_them_a_cnn():
+    """MiniGrid's encoded Dict observation holds its image [7, 7, 3] as [3, 7, 7] at the offset the space names,
+    beside the direction's one-hot; the feedforward and recurrent actor-critics and DQN's network each give it the
+    small CNN (one encoder per key)."""
+    from rlrun.config import EnvConfig, ModelConfig
+    from rlrun.envs import env_spaces, make_env
+    from rlrun.models import build_actor_critic
+    from rlrun.models.encoders import CombinedEncoder, SmallCNN
+    from rlrun.models.q_network import build_q_network
+
+    cfg = EnvConfig(id="MiniGrid-Empty-5x5-v0", imports=["minigrid"], obs_keys=["image", "direction"])
+    obs_space, action_space = env_spaces(cfg)
+    ((offset, chw),) = obs_space.images
+    assert chw == (3, 7, 7) and obs_space.shape == (4 + 147,)
+    env = make_env(cfg, train=False)()
+    obs, _ = env.reset(seed=0)
+    raw = env.unwrapped.gen_obs()  # the same state's Dict observation, as MiniGrid gives it
+    image = obs[offset : offset + 147].reshape(chw)
+    assert np.array_equal(image, raw["image"].transpose(2, 0, 1))
+    assert np.array_equal(obs[:4], np.eye(4)[raw["direction"]])  # "direction" sorts before "image"
+    nets = [
+        build_actor_critic(ModelConfig(), obs_space, action_space).trunk,
+        build_actor_critic(ModelConfig(name="lstm"), obs_space, action_space).encoder,
+        build_q_network(ModelConfig(), obs_space, action_space, dueling=False).encoder,
+    ]
+    for net in nets:
+        assert isinstance(net, CombinedEncoder) and isinstance(net.cnns[0], SmallCNN)
+        assert net(torch.as_tensor(obs[None])).shape == (1, 64)
+
+
 def test_images_get_a_cnn_in_channel_first_layout_whatever_the_env_gives(folder, monkeypatch):
     """Frames [H, W, 3] reach the networks as [3, H, W] uint8; 7x7 ones get the small CNN, 40x40 the Nature CNN
     (which needs 36x36), with model=mlp as with model=nature_cnn; DQN's network too."""
