@@ -256,7 +256,7 @@ def test_discrete_image_and_dict_observations_learn_and_play(folder):
     mine = ["env.imports=[spaces_envs]", "env.num_envs=4", "algo.num_steps=32", "total_steps=2048"]
     runs = {
         "frozen_ppo": (["env=frozenlake", "total_steps=4096"], 1.0),  # conf/tuned/ppo_frozenlake.yaml
-        "frozen_dqn": (["algo=dqn", "env=frozenlake", "total_steps=3000"], 1.0),
+        "frozen_dqn": (["algo=dqn", "env=frozenlake"], 1.0),  # conf/tuned/dqn_frozenlake.yaml: 5000 steps
         "frames": ([*mine, "env.id=Frames-v0"], 7.0),
         "dict": ([*mine, "env.id=Notes-v0", "env.obs_keys=[pos,vec]"], 7.0),
     }
