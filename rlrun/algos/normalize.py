@@ -15,6 +15,19 @@ from torch import Tensor
 MeanAll = Callable[[Tensor], Tensor]
 
 
+def float_entries(obs_space) -> Tensor | None:
+    """bool [size] marking the entries of encoded observations (rlrun.envs.spaces.EncodedBox) that come from float
+    Box keys, the ones observation normalization rescales: one-hots, bits, integer vectors, images and action
+    masks keep their values. None for observations as the env gives them (every entry is rescaled)."""
+    floats = getattr(obs_space, "floats", None)
+    if floats is None:
+        return None
+    scaled = torch.zeros(obs_space.shape, dtype=torch.bool)
+    for start, end in floats:
+        scaled[start:end] = True
+    return scaled
+
+
 def identity(x: Tensor) -> Tensor:
     return x
 
@@ -41,11 +54,19 @@ class RunningMoments:
     """Mean and variance of a stream of batches [B, *shape], merged with Chan et al.'s parallel formula. The
     statistics live on `device`, where the batches are; state_dict holds CPU copies."""
 
-    def __init__(self, shape: tuple[int, ...] = (), mean_all: MeanAll = identity, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        shape: tuple[int, ...] = (),
+        mean_all: MeanAll = identity,
+        device: torch.device | str = "cpu",
+        scaled: Tensor | None = None,
+    ):
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = 1e-4
         self.mean_all = mean_all
+        # bool [*shape]: the entries normalize rescales (None: all); the others pass as they are
+        self.scaled = None if scaled is None else scaled.to(device)
 
     def update(self, batch: Tensor) -> None:
         x = batch.double()
@@ -60,8 +81,8 @@ class RunningMoments:
         self.count = total
 
     def normalize(self, x: Tensor, clip: float) -> Tensor:
-        out = (x.double() - self.mean) / torch.sqrt(self.var + 1e-8)
-        return out.clamp(-clip, clip).float()
+        out = ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip).float()
+        return out if self.scaled is None else torch.where(self.scaled, out, x.float())
 
     def state_dict(self) -> dict:
         return {"mean": self.mean.cpu().clone(), "var": self.var.cpu().clone(), "count": float(self.count)}

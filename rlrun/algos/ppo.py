@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from rlrun.algos.configs import PPOConfig
 from rlrun.algos.finite import require_finite
-from rlrun.algos.normalize import RunningMoments, normalize_advantages, weighted_mean_all
+from rlrun.algos.normalize import RunningMoments, float_entries, normalize_advantages, weighted_mean_all
 from rlrun.algos.protocol import Annealed, EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
@@ -134,7 +134,8 @@ class PPO:
             device,
             self.model.state_size if self.recurrent else 0,
         )
-        self.obs_rms = RunningMoments(obs_space.shape, self.mean_all, device) if cfg.normalize_obs else None
+        scaled = float_entries(obs_space)  # encoded observations: their float keys only
+        self.obs_rms = RunningMoments(obs_space.shape, self.mean_all, device, scaled) if cfg.normalize_obs else None
         self.ret_rms = RunningMoments((), self.mean_all) if cfg.normalize_reward else None
         self.next_obs: np.ndarray | None = None  # the observation the next collect starts from
         self.length = cfg.num_steps  # steps in the last rollout: fewer when a straggler was preempted

@@ -114,15 +114,6 @@ def check_env_id(env_id: str) -> None:
     raise UserError(f"unknown env id '{env_id}'{hint}")
 
 
-def _legal_action(env: gym.Env, obs: np.ndarray):
-    """A random action the env allows after `obs`: within its action mask when its observations carry one (an env may
-    refuse an illegal action), else any."""
-    size, space = getattr(env.observation_space, "mask_size", 0), env.action_space
-    if size and isinstance(space, gym.spaces.Discrete):
-        return space.sample(mask=np.asarray(obs[-size:], dtype=np.int8))
-    return space.sample()
-
-
 def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tuple[gym.Space, gym.Space]:
     """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied). Given
     a list, the env also goes through gymnasium's passive env checker (built, reset and stepped once), and the list
@@ -136,7 +127,7 @@ def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tup
             try:
                 env = make_env(cfg, train=False, check=True)()
                 obs, _ = env.reset(seed=0)
-                env.step(_legal_action(env, obs))
+                env.step(_legal_sample(env, obs))
             except AssertionError as e:
                 raise UserError(f"env {cfg.id} fails gymnasium's env checker: {str(e).splitlines()[0]}") from e
         for w in caught:  # gymnasium's logger.warn: "WARN: ..." in terminal colours; the env's own warnings recur
@@ -147,6 +138,18 @@ def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tup
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
+
+
+def _legal_sample(env: gym.Env, obs: np.ndarray):
+    """A random action of `env`, a legal one where its observations end with action masks (an env may raise on an
+    illegal action, as a board game does)."""
+    size, space = getattr(env.observation_space, "mask_size", 0), env.action_space
+    if not size:
+        return space.sample()
+    mask = np.asarray(obs[-size:], np.int8)
+    if isinstance(space, gym.spaces.Discrete):
+        return space.sample(mask=mask)
+    return space.sample(mask=tuple(np.split(mask, np.cumsum(space.nvec.ravel())[:-1])))
 
 
 def third_party(env_id: str) -> bool:
@@ -215,6 +218,9 @@ class ClipToBounds(gym.ActionWrapper):
         return np.clip(action, self.action_space.low, self.action_space.high)
 
 
+_OUR_KWARGS = ("disable_env_checker", "frameskip", "repeat_action_probability", "render_mode")  # make_env's own
+
+
 def _gym_make(env_id, kwargs: dict, **options) -> gym.Env:
     """gym.make, with the two mistakes a user can fix said in one line: env.kwargs the constructor does not take,
     and a package the env needs. Any other exception is the env's own and keeps its traceback."""
@@ -225,7 +231,8 @@ def _gym_make(env_id, kwargs: dict, **options) -> gym.Env:
         raise UserError(f"env {_name(env_id)} needs a package that is not installed: {e}{extra}") from e
     except TypeError as e:
         if kwargs and "unexpected keyword argument" in str(e):
-            raise UserError(f"cannot make env {_name(env_id)} with env.kwargs={kwargs}: {e}") from e
+            theirs = {k: v for k, v in kwargs.items() if k not in _OUR_KWARGS}  # what the user's env.kwargs gave
+            raise UserError(f"cannot make env {_name(env_id)} with env.kwargs={theirs}: {e}") from e
         raise
 
 

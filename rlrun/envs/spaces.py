@@ -1,9 +1,10 @@
 """Observations of every gymnasium space as the arrays rlrun's networks, rollouts and replays take: Discrete as a
 one-hot, MultiDiscrete as concatenated one-hots, MultiBinary as floats, uint8 images in channel-first layout
 (whatever layout the env uses; they stay bytes), Dict and Tuple as their keys' encodings concatenated into one
-vector (keys sorted, as gymnasium's Dict; a Tuple's as keys "0", "1", ...). Other Box observations pass as they
-are: the MLPs flatten them. One wrapper, applied when an env is made, so every collector, the evaluation and
-`rlrun play` see the same arrays."""
+float32 vector (keys sorted, as gymnasium's Dict; a Tuple's as keys "0", "1", ...), image keys among them laid
+flat in channel-first order, where the space (EncodedBox) says the networks find them to give each a CNN. Other
+Box observations pass as they are: the MLPs flatten them. One wrapper, applied when an env is made, so every
+collector, the evaluation and `rlrun play` see the same arrays."""
 
 from __future__ import annotations
 
@@ -29,14 +30,26 @@ def channels_last(shape: tuple[int, ...]) -> bool:
 MASK_KEY = "action_mask"  # a Dict observation's key that holds the legal actions (PettingZoo's, torchrl's)
 
 
-class MaskedBox(gym.spaces.Box):
-    """The encoded observations of an env that gives action masks: its last `mask_size` entries are the mask (1:
-    legal), one per action (per component's action for MultiDiscrete, side by side). The networks read it there,
-    so rollouts, replays and every collector carry it with the observation."""
+class EncodedBox(gym.spaces.Box):
+    """Encoded observations [size] float32 with a layout the networks read. `mask_size`: where the env gives action
+    masks, the last mask_size entries are the mask (1: legal), one per action (per component's action for
+    MultiDiscrete, side by side). `images`: (offset, (C, H, W)) of each image key, laid flat in channel-first
+    order, which gets a CNN of its own (SB3's CombinedExtractor). Being part of the observation vector, the mask
+    and the images reach rollouts, replays and every collector with no change to them. `floats`: the entries that
+    come from float Box keys, the only ones observation normalization rescales (not one-hots, bits, integer
+    vectors, images or masks)."""
 
-    def __init__(self, size: int, mask_size: int):
+    def __init__(
+        self,
+        size: int,
+        mask_size: int = 0,
+        images: tuple[tuple[int, tuple[int, int, int]], ...] = (),
+        floats: tuple[tuple[int, int], ...] = (),
+    ):
         super().__init__(-np.inf, np.inf, (size,), np.float32)
         self.mask_size = mask_size
+        self.images = images
+        self.floats = floats  # (start, end) of the float Box keys: what algo.normalize_obs rescales
 
 
 def mask_size(space: gym.Space) -> int:
@@ -78,7 +91,17 @@ def _encode(space: gym.Space, value) -> np.ndarray:
         out = np.zeros(int(nvec.sum()), np.float32)
         out[np.concatenate(([0], np.cumsum(nvec)[:-1])) + index] = 1.0
         return out
+    if is_image(space) and channels_last(space.shape):
+        value = np.moveaxis(value, -1, 0)
     return np.asarray(value, np.float32).ravel()
+
+
+def _is_float(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating)
+
+
+def _chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    return (shape[2], shape[0], shape[1]) if channels_last(shape) else tuple(shape)
 
 
 def _leaf(value, key: str):
@@ -101,12 +124,11 @@ class EncodeObservation(gym.ObservationWrapper):
         if self.transpose:
             h, w, c = space.shape
             self.observation_space = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
-        elif self.mask_size:
-            size = sum(_size(s) for _, s in self.parts) + self.mask_size
-            self.observation_space = MaskedBox(size, self.mask_size)
         else:
-            size = sum(_size(s) for _, s in self.parts)
-            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+            offsets = [int(o) for o in np.cumsum([0] + [_size(s) for _, s in self.parts])]
+            images = tuple((o, _chw(s.shape)) for o, (_, s) in zip(offsets, self.parts) if is_image(s))
+            floats = tuple((o, e) for o, e, (_, s) in zip(offsets, offsets[1:], self.parts) if _is_float(s))
+            self.observation_space = EncodedBox(offsets[-1] + self.mask_size, self.mask_size, images, floats)
 
     def reset(self, **kwargs):
         self.steps = 0

@@ -5,6 +5,8 @@ With algo.fast=false none applies and the run is the reference, end to end."""
 
 from __future__ import annotations
 
+import torch
+
 from rlrun.algos.a2c import A2C
 from rlrun.algos.continuous import ContinuousControl
 from rlrun.algos.dqn import DQN
@@ -34,7 +36,7 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
     if isinstance(algo, ContinuousControl):
         return _accelerate_continuous(algo)
     applied = []
-    if isinstance(algo, PPO) and cpu and any(isinstance(m, NatureCNN) for m in algo.model.modules()):
+    if isinstance(algo, PPO) and cpu and _frames_cnn(algo):
         # oneDNN's convolution backward is faster on channels-last input: the rollout stores frames so,
         # paying the permute once per rollout, and minibatches gathered from it (take_rows) stay so.
         r = algo.rollout
@@ -64,13 +66,19 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
     return applied
 
 
+def _frames_cnn(algo: PPO | A2C) -> bool:
+    """A Nature CNN on frames [C, H, W] (uint8): not on encoded Dict observations (flat float32 vectors), whose image
+    keys the CNN reads from slices."""
+    return algo.obs_dtype == torch.uint8 and any(isinstance(m, NatureCNN) for m in algo.model.modules())
+
+
 def _accelerate_a2c(algo: A2C, cpu: bool) -> list[str]:
     if fusable(algo.model):
         # Steps act without autograd, keeping their activations; the loss over the unroll is one autograd node with
         # a hand-written gradient: the reference's backward walks num_steps graphs, on a small MLP operator overhead.
         algo.learner = FusedA2CUnroll(algo.model, algo.cfg, algo.num_envs, algo.obs_dtype, algo.mean_all)
         return ["fused A2C unroll"]
-    if cpu and any(isinstance(m, NatureCNN) for m in algo.model.modules()):
+    if cpu and _frames_cnn(algo):
         # As for PPO: oneDNN's convolution backward is faster on channels-last frames (one copy per step here).
         algo.learner.policy = ChannelsLast(algo.model)
         return ["channels-last frames"]

@@ -19,8 +19,14 @@ from rlrun.models.recurrent import build_core, not_starts
 from rlrun.models.user import check_outputs
 
 
+def image_parts(obs_space: gym.Space) -> tuple:
+    """(offset, (C, H, W)) of the image keys laid flat in encoded Dict observations (rlrun.envs.spaces.EncodedBox's
+    images; empty: none)."""
+    return tuple(getattr(obs_space, "images", ()))
+
+
 def action_mask_size(obs_space: gym.Space) -> int:
-    """How many action-mask entries end the observations (rlrun.envs.spaces.MaskedBox's mask_size; 0: none)."""
+    """How many action-mask entries end the observations (rlrun.envs.spaces.EncodedBox's mask_size; 0: none)."""
     return int(getattr(obs_space, "mask_size", 0))
 
 
@@ -110,11 +116,12 @@ class _Policy(nn.Module):
 class ActorCritic(_Policy):
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
-        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype)
+        images = image_parts(obs_space)
+        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype, images)
         self._init_mask(obs_space)
         self.shared = cfg.shared or name != "mlp"  # a CNN is one trunk for both heads
         if self.shared:
-            self.trunk, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+            self.trunk, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation, images)
         else:  # separate actor and critic trunks (CleanRL's classic-control layout)
             self.trunk = TwinMLP(math.prod(obs_space.shape), cfg.hidden_sizes, cfg.activation)
             features = self.trunk.out_dim
@@ -159,8 +166,9 @@ class RecurrentActorCritic(_Policy):
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
         super().__init__()
         self._init_mask(obs_space)
-        name = encoder_name(cfg.encoder, obs_space.shape, obs_space.dtype)
-        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        images = image_parts(obs_space)
+        name = encoder_name(cfg.encoder, obs_space.shape, obs_space.dtype, images)
+        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation, images)
         self.core = build_core(cfg.name, features, cfg.core_size, cfg.activation, cfg.lru_decay)
         self._init_heads(self.core.out_dim, action_space)
 

@@ -1,4 +1,5 @@
-"""Feature encoders from observations: an MLP for vectors, the Nature CNN (Mnih et al. 2015) for frames."""
+"""Feature encoders from observations: an MLP for vectors, the Nature CNN (Mnih et al. 2015) for frames, and one
+encoder per key for Dict observations with image keys (a CNN per image, concatenated with the other keys)."""
 
 from __future__ import annotations
 
@@ -114,10 +115,49 @@ class SmallCNN(nn.Module):
         return self.fc(self.conv(x.float() / 255.0))
 
 
-def encoder_name(name: str, shape: tuple[int, ...], dtype: np.dtype) -> str:
+class CombinedEncoder(nn.Module):
+    """Encoded Dict observations [B, size] (rlrun/envs/spaces.py) with image keys laid flat in channel-first order
+    at `images` ((offset, (C, H, W)) each) -> features [B, hidden_sizes[-1]]: each image through a CNN of its own
+    (the Nature CNN, or the small one under 36x36) to hidden_sizes[-1] features, concatenated with the other
+    entries (one-hots, vectors, the action mask) as they are, then the MLP. SB3's CombinedExtractor, with the
+    policy's MLP on top."""
+
+    def __init__(self, size: int, images, hidden_sizes: list[int], activation: str):
+        super().__init__()
+        self.images = [(int(offset), tuple(int(n) for n in chw)) for offset, chw in images]
+        self.cnns = nn.ModuleList(cnn(chw, hidden_sizes[-1]) for _, chw in self.images)
+        # The entries outside images, as (start, end) slices: plain ints, so copies built on the meta device (env
+        # workers' policies) need no buffer.
+        self.rest, start = [], 0
+        for offset, chw in self.images:
+            if offset > start:
+                self.rest.append((start, offset))
+            start = offset + math.prod(chw)
+        if size > start:
+            self.rest.append((start, size))
+        in_dim = len(self.images) * hidden_sizes[-1] + sum(end - start for start, end in self.rest)
+        self.mlp, self.out_dim = mlp(in_dim, hidden_sizes, activation)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.float()
+        parts = [net(x[:, o : o + math.prod(chw)].view(-1, *chw)) for net, (o, chw) in zip(self.cnns, self.images)]
+        parts += [x[:, start:end] for start, end in self.rest]
+        return self.mlp(torch.cat(parts, 1))
+
+
+def cnn(chw: tuple[int, int, int], hidden: int) -> nn.Module:
+    """The CNN for uint8 images [C, H, W]: the Nature CNN where they are large enough for it, else the small one."""
+    c, h, w = chw
+    return NatureCNN(c, hidden, h, w) if min(h, w) >= NatureCNN.MIN_SIZE else SmallCNN(c, hidden, h, w)
+
+
+def encoder_name(name: str, shape: tuple[int, ...], dtype: np.dtype, images=()) -> str:
     """The encoder a model named `name` gets for observations of `shape` and `dtype`: images (uint8 [C, H, W])
     get a CNN whatever the model (mlp, or a recurrent model's mlp encoder): the Nature CNN where they are large
-    enough for it, else the small one; everything else the MLP."""
+    enough for it, else the small one; encoded Dict observations with image keys at `images` one encoder per key
+    ("combined"); everything else the MLP."""
+    if images:
+        return "combined"
     if not (np.dtype(dtype) == np.uint8 and len(shape) == 3):
         return "mlp" if name == "small_cnn" else name
     return "nature_cnn" if min(shape[1:]) >= NatureCNN.MIN_SIZE else "small_cnn"
@@ -130,8 +170,11 @@ def observation_dtype(shape: tuple[int, ...], dtype: np.dtype) -> torch.dtype:
     return torch.uint8 if np.dtype(dtype) == np.uint8 and len(shape) == 3 else torch.float32
 
 
-def build_encoder(name: str, obs_shape: tuple[int, ...], hidden_sizes: list[int], activation: str):
-    """(encoder, feature size) for the model named in config."""
+def build_encoder(name: str, obs_shape: tuple[int, ...], hidden_sizes: list[int], activation: str, images=()):
+    """(encoder, feature size) for the model named in config (`images`: for "combined", CombinedEncoder's)."""
+    if name == "combined":
+        encoder = CombinedEncoder(math.prod(obs_shape), images, hidden_sizes, activation)
+        return encoder, encoder.out_dim
     if name in ("nature_cnn", "small_cnn"):
         if len(obs_shape) != 3:
             raise ValueError(f"{name} needs image observations [C, H, W], got shape {obs_shape}")

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from rlrun.config import ModelConfig
 from rlrun.config.instantiate import instantiate_network
-from rlrun.models.actor_critic import action_mask_size
+from rlrun.models.actor_critic import action_mask_size, image_parts
 from rlrun.models.encoders import build_encoder, encoder_name
 from rlrun.models.user import check_outputs
 
@@ -18,8 +18,9 @@ class QNetwork(nn.Module):
 
     def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.spaces.Discrete, dueling: bool):
         super().__init__()
-        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype)
-        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation)
+        images = image_parts(obs_space)
+        name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype, images)
+        self.encoder, features = build_encoder(name, obs_space.shape, cfg.hidden_sizes, cfg.activation, images)
         n = int(action_space.n)
         self.head = nn.Linear(features, n)  # advantages when dueling
         self.value = nn.Linear(features, 1) if dueling else None
