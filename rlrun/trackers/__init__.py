@@ -67,11 +67,21 @@ def tracker(name: str, settings) -> Tracker:
     return MlflowTracker(settings)
 
 
-def sweep_group(run_dir: Path) -> str | None:
-    """A Hydra multirun's job runs in SWEEP/N, and Hydra writes SWEEP/multirun.yaml: the sweep's group is its
-    folder's last two names (DATE/TIME with the default hydra.sweep.dir)."""
+def sweep_of(run_dir: Path) -> tuple[str | None, list[str]]:
+    """(group, the sweep's own overrides) of a Hydra multirun's job, which runs in SWEEP/N beside the
+    SWEEP/multirun.yaml Hydra writes: the group is the sweep folder's last two names (DATE/TIME with the default
+    hydra.sweep.dir); (None, []) for a single run."""
+    import yaml
+
     sweep = run_dir.parent
-    return f"{sweep.parent.name}/{sweep.name}" if (sweep / "multirun.yaml").exists() else None
+    path = sweep / "multirun.yaml"
+    if not path.exists():
+        return None, []
+    try:
+        task = yaml.safe_load(path.read_text())["hydra"]["overrides"]["task"]
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        task = []
+    return f"{sweep.parent.name}/{sweep.name}", list(task or [])
 
 
 class Trackers:
@@ -179,11 +189,15 @@ def opener(
     import yaml
 
     shown = tuple(o for o in overrides if not o.startswith(("resume=", "hydra.")))
+    group, common = sweep_of(run_dir)
+    # A sweep's job is named by what differs between its jobs: its overrides that are not the sweep's own
+    # (seed=3 of seed=3,4; an Optuna sweeper's choices).
+    own = [o for o in shown if o not in common] if group else list(shown)
     run = RunIdentity(
         run_dir=run_dir,
-        name=" ".join(shown) or run_dir.name,
+        name=" ".join(own) or run_dir.name,
         overrides=shown,
-        group=sweep_group(run_dir),
+        group=group,
         total_steps=total_steps,
         resumed=read_state(run_dir),
         branched_from=read_state(origin) if origin is not None else {},
