@@ -1,6 +1,6 @@
 """Experiment trackers beside TensorBoard, through real CLI runs and the real packages: W&B in offline mode (its
-.wandb run files read back record by record), MLflow with a sqlite store and through a real `mlflow server` on
-localhost (read back with MlflowClient). A run's scalars arrive at their env steps; Ctrl-C then resume= keeps one
+.wandb run files read back record by record), MLflow with a sqlite store (read back with MlflowClient). A run's
+scalars arrive at their env steps; Ctrl-C then resume= keeps one
 tracked run with strictly increasing steps and its params as first logged; a sweep's jobs are one tracked run each,
 grouped by the sweep; a tracking server that cannot be reached is one warning and a completed run."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, free_port, read_jsonl, rlrun
+from tests.conftest import cli_env, read_jsonl, rlrun
 
 wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
 mlflow_client = pytest.importorskip("mlflow.tracking")
@@ -145,46 +145,11 @@ def test_a_missing_tracker_package_or_name_is_one_line(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.fixture
-def mlflow_server(tmp_path):
-    """A real MLflow tracking server on a free localhost port, with a sqlite store; stopped after the test."""
-    port = free_port()
-    mlflow = Path(sys.executable).parent / "mlflow"
-    store = f"sqlite:///{tmp_path / 'server.db'}"
-    cmd = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--backend-store-uri", store]
-    cmd += ["--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"]
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        client = mlflow_client.MlflowClient(tracking_uri=uri)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.search_experiments()
-                break
-            except Exception:
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-                time.sleep(0.5)
-        yield uri
-    finally:
-        import os
-
-        os.killpg(proc.pid, signal.SIGTERM)  # the server's own group: gunicorn or uvicorn and its workers
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-
-
 @pytest.mark.timeout(200)
-def test_a_sweep_is_one_tracked_run_per_job_grouped_by_the_sweep(tmp_path, mlflow_server):
-    """A 2-job multirun with both trackers, MLflow through a real tracking server over HTTP: 2 W&B runs in the
-    sweep's group, 2 MLflow runs tagged with the sweep, each with its own job's seed and points."""
-    sweep = tmp_path / "sweep"
+def test_a_sweep_is_one_tracked_run_per_job_grouped_by_the_sweep(tmp_path):
+    """A 2-job multirun with both trackers: 2 W&B runs in the sweep's group, 2 MLflow runs tagged with the sweep,
+    each named by its job's own override, with its own seed and points."""
+    sweep, mlflow_server = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*SMALL, "total_steps=1024", "logging.trackers=[wandb,mlflow]", "logging.wandb.mode=offline"]
     args += [f"logging.mlflow.tracking_uri={mlflow_server}", "logging.mlflow.experiment=sweep", "seed=3,4"]
     out = rlrun("train", "-m", *args, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=180)

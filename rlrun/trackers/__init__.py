@@ -192,7 +192,9 @@ def opener(
     group, common = sweep_of(run_dir)
     # A sweep's job is named by what differs between its jobs: its overrides that are not the sweep's own
     # (seed=3 of seed=3,4; an Optuna sweeper's choices).
-    own = [o for o in shown if o not in common] if group else list(shown)
+    # (Hydra escapes a job's override values, sqlite\\:///..., where multirun.yaml keeps the sweep's as typed.)
+    common = {o.replace("\\", "") for o in common}
+    own = [o for o in shown if o.replace("\\", "") not in common] if group else list(shown)
     run = RunIdentity(
         run_dir=run_dir,
         name=" ".join(own) or run_dir.name,
