@@ -69,14 +69,14 @@ def metric_steps(history: list[tuple[int, dict]], key: str) -> list[int]:
     return [step for step, row in history if key in row]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_ctrl_c_then_resume_keeps_one_tracked_run_in_wandb_and_mlflow(tmp_path):
     """Both trackers at once: every scalar at its env step, the config logged once, then Ctrl-C and resume= with a
     longer budget: still one W&B run and one MLflow run, steps strictly increasing, params as first logged and the
-    budget's change a tag."""
+    budget's change a tag; then a resume from an older checkpoint starts a new tracked run naming that one."""
     run, store = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*SMALL, "logging.trackers=[wandb,mlflow]", "logging.wandb.mode=offline"]
-    args += [f"logging.mlflow.tracking_uri={store}", "checkpoint.every_steps=1024"]
+    args += [f"logging.mlflow.tracking_uri={store}", "checkpoint.every_steps=1024", "checkpoint.keep_last=10"]
     cmd = [sys.executable, "-m", "rlrun", "train", *args, "total_steps=200000"]
     proc = subprocess.Popen([*cmd, f"hydra.run.dir={run}"], cwd=tmp_path, env=cli_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
@@ -119,6 +119,18 @@ def test_ctrl_c_then_resume_keeps_one_tracked_run_in_wandb_and_mlflow(tmp_path):
     assert mrun.info.status == "FINISHED" and mrun.data.tags["rlrun.status"] == "completed"
     assert mrun.data.metrics["summary/env_steps"] == total
     assert json.loads((run / "trackers.json").read_text())["mlflow"]["id"] == mrun.info.run_id
+
+    # A resume from the older checkpoint at 1024 goes on in a new folder: a new tracked run naming its origin.
+    branch = tmp_path / "branch"
+    older = run / "checkpoints" / f"ckpt_{1024:012d}.pt"
+    out = rlrun("train", f"resume={older}", "total_steps=1536", f"hydra.run.dir={branch}", cwd=tmp_path, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    b = wandb_run(branch)
+    assert len(b["ids"]) == 1 and b["ids"] != w["ids"] and f"branched_from:{next(iter(w['ids']))}" in b["tags"]
+    assert min(metric_steps(b["history"], "charts/sps")) > 1024
+    runs = client.search_runs(client.get_experiment_by_name("rlrun").experiment_id)
+    (new,) = [r for r in runs if r.info.run_id != mrun.info.run_id]
+    assert new.data.tags["rlrun.branched_from"] == mrun.info.run_id
 
 
 @pytest.mark.timeout(90)
