@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) $(TORCH)
-	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,envs,dev]'
+	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,envs,wandb,mlflow,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -8,6 +8,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +16,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from rlrun.run_folder import writing
+from rlrun.trackers import Trackers
 
 log = logging.getLogger("rlrun")
 
@@ -33,12 +35,17 @@ class RunLogger:
         tensorboard: bool,
         history: Path | None = None,
         every_seconds: float = 15.0,
+        trackers: Callable[[int], Trackers] | None = None,
     ):
         """`history`: the metrics.jsonl of the run this one continues in another folder (its lines up to
         start_steps open this run's file, so it reads as one run). `every_seconds`: without a bar, the longest
-        time between two console lines while training or evaluating, whatever the metrics interval."""
+        time between two console lines while training or evaluating, whatever the metrics interval. `trackers`:
+        opens the experiment trackers, given the last env step this folder's earlier sessions logged."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        logged_until = _last_step(self.metrics_path)  # before the truncation below: what trackers already have
+        self.trackers = trackers(logged_until) if trackers is not None else None
+        self._status = "failed"  # summary.json's, for the trackers' close
         with writing(self.metrics_path):
             if history is not None and history.exists():
                 self.metrics_path.write_text(history.read_text())
@@ -143,6 +150,8 @@ class RunLogger:
             if self.writer is not None:
                 for key, value in metrics.items():
                     self.writer.add_scalar(key, value, env_steps)
+        if self.trackers is not None:
+            self.trackers.log(metrics, env_steps)
         if self.mode == "plain":
             self._last_line = time.monotonic()
             shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if k in _CONSOLE_KEYS)
@@ -164,6 +173,9 @@ class RunLogger:
         path = self.run_dir / "summary.json"
         with writing(path), open(path, "w") as f:
             json.dump(summary, f, indent=2)
+        self._status = str(summary.get("status", "failed"))
+        if self.trackers is not None:
+            self.trackers.summary(summary)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -175,6 +187,8 @@ class RunLogger:
         if self.writer is not None:
             with writing(self.run_dir / "tb"):
                 self.writer.close()
+        if self.trackers is not None:
+            self.trackers.close(self._status)
 
 
 class NullLogger:
@@ -232,6 +246,14 @@ class _DropOSError:
 
 def _fmt(v: float) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _last_step(path: Path) -> int:
+    """The env step of a metrics.jsonl's last line (0 without one)."""
+    if not path.exists():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    return int(json.loads(lines[-1]).get("env_steps", 0)) if lines else 0
 
 
 def _truncate_after(path: Path, env_steps: int) -> None:

@@ -41,6 +41,7 @@ from rlrun.run_folder import list_checkpoints, newest_line, run_dir_of
 from rlrun.run_record import RunRecord
 from rlrun.schedule import continuation_lines, resumed_progress
 from rlrun.seeding import RESUMED, TRAIN, torch_seed
+from rlrun.trackers import opener
 
 log = logging.getLogger("rlrun")
 
@@ -236,7 +237,7 @@ def train(
     # What only the main rank does is decided here, once, by which objects it gets.
     evaluator = Evaluator(cfg, ctx.device) if ctx.is_main else NullEvaluator()
     start_steps = resume_state["env_steps"] if resume_state else 0
-    logger = _logger(cfg, ctx, run_dir, start_steps, resume_state) if ctx.is_main else NullLogger()
+    logger = _logger(cfg, run_dir, start_steps, resume_state, config_yaml, overrides) if ctx.is_main else NullLogger()
     evaluator.logger = logger  # only now: the bar's thread must not run while eval workers fork
     checkpointer = (
         Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
@@ -501,15 +502,23 @@ def _recovery_failed(logger, error: Exception, failed: Exception) -> None:
         logger.error("could not write a recovery checkpoint: %s: %s", type(failed).__name__, failed)
 
 
-def _logger(cfg: TrainConfig, ctx: RankContext, run_dir: Path, env_steps: int, resume_state: dict | None):
-    """The main rank's RunLogger. A run resumed from an older checkpoint of another run folder starts its
-    metrics.jsonl with that run's lines up to the checkpoint, and says where it came from."""
+def _logger(cfg: TrainConfig, run_dir: Path, env_steps: int, resume_state: dict | None, config_yaml: str, overrides):
+    """The main rank's RunLogger, with its experiment trackers. A run resumed from an older checkpoint of another run
+    folder starts its metrics.jsonl with that run's lines up to the checkpoint, and says where it came from."""
     origin = run_dir_of(Path(resume_state["path"])) if resume_state else None
     moved = origin is not None and origin.resolve() != run_dir.resolve()
     c = cfg.logging
     history = origin / "metrics.jsonl" if moved else None
+    trackers = opener(c, config_yaml, run_dir, overrides, cfg.total_steps, origin if moved else None)
     logger = RunLogger(
-        run_dir, cfg.total_steps, env_steps, c.progress, c.tensorboard, history=history, every_seconds=c.every_seconds
+        run_dir,
+        cfg.total_steps,
+        env_steps,
+        c.progress,
+        c.tensorboard,
+        history=history,
+        every_seconds=c.every_seconds,
+        trackers=trackers,
     )
     if moved:
         logger.info("resumed from %s, not the newest checkpoint of its run: this run goes on in %s", origin, run_dir)

@@ -100,11 +100,29 @@ class CheckpointConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str = "rlrun"
+    entity: str | None = None  # W&B's default entity of the logged-in user when unset
+    group: str | None = None  # unset: a sweep's jobs are grouped by the sweep folder's name, a single run by none
+    tags: list[str] = field(default_factory=list)  # beside the run's overrides, which are tags too
+    mode: str | None = None  # online | offline | disabled; unset: W&B's own (WANDB_MODE, else online)
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str | None = None  # unset: MLflow's own (MLFLOW_TRACKING_URI, else ./mlruns)
+    experiment: str = "rlrun"
+
+
+@dataclass
 class LoggingConfig:
     every_steps: int = 5_000
     progress: str = "auto"  # auto (rich on a terminal, plain lines otherwise) | rich | plain | none
     every_seconds: float = 15.0  # plain: a progress line at least this often, whatever every_steps is
     tensorboard: bool = True
+    trackers: list[str] = field(default_factory=list)  # experiment trackers beside TensorBoard: wandb, mlflow
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
 
 @dataclass
@@ -207,12 +225,13 @@ class OneOf:
     """The values a key accepts, listed."""
 
     values: tuple[str, ...]
+    optional: bool = False
 
     def accepts(self, value: Any) -> bool:
-        return value in self.values
+        return value in self.values or (value is None and self.optional)
 
     def __str__(self) -> str:
-        return f"accepted are {', '.join(self.values)}"
+        return f"accepted are {', '.join(self.values)}{' (or null)' if self.optional else ''}"
 
 
 POSITIVE = Range(0, low_open=True)  # rates, scales, timeouts: > 0
@@ -256,6 +275,7 @@ TRAIN_RULES: dict[str, Rule] = {
     "logging.every_steps": NON_NEGATIVE,
     "logging.every_seconds": POSITIVE,
     "logging.progress": OneOf(("auto", "rich", "plain", "none")),
+    "logging.wandb.mode": OneOf(("online", "offline", "disabled"), optional=True),
     "distributed.nproc_per_node": AT_LEAST_1,
     "distributed.nnodes": AT_LEAST_1,
     "distributed.max_restarts": NON_NEGATIVE,
@@ -319,7 +339,19 @@ def validate_train(cfg: TrainConfig) -> list[str]:
             "env.vector.double_buffer=true needs at least 2 workers and 2 envs",
         )
     _validate_distributed(cfg.distributed)
+    _validate_trackers(cfg.logging.trackers)
     return list(cfg.algo.validate(cfg) or ())
+
+
+TRACKERS = ("wandb", "mlflow")  # logging.trackers: each one's package and extra have its name
+
+
+def _validate_trackers(trackers: list[str]) -> None:
+    for name in trackers:
+        check(name in TRACKERS, f"logging.trackers=[{name}]: accepted are {', '.join(TRACKERS)}")
+        present = importlib.util.find_spec(name) is not None
+        check(present, f"logging.trackers=[{name}] needs {name}: pip install 'rlrun[{name}]'")
+    check(len(set(trackers)) == len(trackers), f"logging.trackers={list(trackers)}: each tracker once")
 
 
 def _validate_model(m: ModelConfig) -> None:

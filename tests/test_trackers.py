@@ -1,0 +1,182 @@
+"""Experiment trackers beside TensorBoard, through real CLI runs and the real packages: W&B in offline mode (its
+.wandb run files read back record by record), MLflow with a sqlite store (read back with MlflowClient). A run's
+scalars arrive at their env steps; Ctrl-C then resume= keeps one
+tracked run with strictly increasing steps and its params as first logged; a sweep's jobs are one tracked run each,
+grouped by the sweep; a tracking server that cannot be reached is one warning and a completed run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli_env, read_jsonl, rlrun
+
+wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+mlflow_client = pytest.importorskip("mlflow.tracking")
+
+pytestmark = [pytest.mark.slow]
+
+SMALL = ["eval.episodes=2", "eval.num_envs=2", "logging.every_steps=512", "logging.progress=plain"]
+
+
+def wandb_records(path: Path):
+    """The records of a W&B run file (run-ID.wandb): W&B's header, then LevelDB log blocks of 32 KiB whose chunks
+    (FULL=1, FIRST=2, MIDDLE=3, LAST=4) carry one protobuf Record each."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, chunks = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):  # the block's padding
+            pos += left
+            continue
+        chunks += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_pb.Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            yield record
+
+
+def wandb_run(run_dir: Path) -> dict:
+    """What W&B's offline files of a run folder hold: its ids, history rows {step: {key: value}}, config, group."""
+    runs = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    ids, history, config, group, tags = set(), [], {}, set(), set()
+    for path in runs:
+        for r in wandb_records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(r.run.run_id)
+                group.add(r.run.run_group)
+                tags |= set(r.run.tags)
+                config |= {u.key: json.loads(u.value_json) for u in r.run.config.update}
+            elif kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                history.append((r.history.step.num, row))
+    return {"files": runs, "ids": ids, "history": history, "config": config, "group": group, "tags": tags}
+
+
+def metric_steps(history: list[tuple[int, dict]], key: str) -> list[int]:
+    return [step for step, row in history if key in row]
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_then_resume_keeps_one_tracked_run_in_wandb_and_mlflow(tmp_path):
+    """Both trackers at once: every scalar at its env step, the config logged once, then Ctrl-C and resume= with a
+    longer budget: still one W&B run and one MLflow run, steps strictly increasing, params as first logged and the
+    budget's change a tag; then a resume from an older checkpoint starts a new tracked run naming that one."""
+    run, store = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*SMALL, "logging.trackers=[wandb,mlflow]", "logging.wandb.mode=offline"]
+    args += [f"logging.mlflow.tracking_uri={store}", "checkpoint.every_steps=1024", "checkpoint.keep_last=10"]
+    cmd = [sys.executable, "-m", "rlrun", "train", *args, "total_steps=200000"]
+    proc = subprocess.Popen([*cmd, f"hydra.run.dir={run}"], cwd=tmp_path, env=cli_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.startswith("env_steps=1024 "):  # two intervals logged, in every writer
+                break
+        proc.send_signal(signal.SIGINT)
+        first, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, first
+    stopped = json.loads((run / "summary.json").read_text())["env_steps"]
+    total = (stopped // 512 + 2) * 512  # a longer budget, ending on a logging interval
+    out = rlrun("train", f"resume={run}", f"total_steps={total}", cwd=tmp_path, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "warning" not in out.stderr.lower() or "tracker" not in out.stderr, out.stderr
+    jsonl_steps = [line["env_steps"] for line in read_jsonl(run / "metrics.jsonl")]
+
+    w = wandb_run(run)
+    assert len(w["files"]) == 2 and len(w["ids"]) == 1  # two sessions, one tracked run
+    sps = metric_steps(w["history"], "charts/sps")
+    assert sps == sorted(set(sps)) and sps[0] == 512 and sps[-1] == total
+    entropy = metric_steps(w["history"], "losses/entropy")
+    assert entropy == sorted(set(entropy)) and set(entropy) <= set(jsonl_steps)
+    assert metric_steps(w["history"], "eval/return_mean") == [total]
+    assert w["config"]["total_steps"] == 200000 and w["config"]["algo"]["name"] == "ppo"  # logged once
+    assert f"total_steps_resumed:200000 -> {total}" in w["tags"]
+    assert "W&B ran offline: upload this run with  wandb sync" in out.stdout + out.stderr
+
+    client = mlflow_client.MlflowClient(tracking_uri=store)
+    (mrun,) = client.search_runs(client.get_experiment_by_name("rlrun").experiment_id)
+    history = client.get_metric_history(mrun.info.run_id, "charts/sps")
+    steps = [m.step for m in sorted(history, key=lambda m: m.timestamp)]
+    assert steps == sorted(set(steps)) and steps[0] == 512 and steps[-1] == total
+    assert mrun.data.params["total_steps"] == "200000" and mrun.data.params["algo.name"] == "ppo"
+    assert mrun.data.tags["rlrun.total_steps_resumed"] == f"200000 -> {total}"
+    assert mrun.info.status == "FINISHED" and mrun.data.tags["rlrun.status"] == "completed"
+    assert mrun.data.metrics["summary/env_steps"] == total
+    assert json.loads((run / "trackers.json").read_text())["mlflow"]["id"] == mrun.info.run_id
+
+    # A resume from the older checkpoint at 1024 goes on in a new folder: a new tracked run naming its origin.
+    branch = tmp_path / "branch"
+    older = run / "checkpoints" / f"ckpt_{1024:012d}.pt"
+    out = rlrun("train", f"resume={older}", "total_steps=1536", f"hydra.run.dir={branch}", cwd=tmp_path, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    b = wandb_run(branch)
+    assert len(b["ids"]) == 1 and b["ids"] != w["ids"] and f"branched_from:{next(iter(w['ids']))}" in b["tags"]
+    assert min(metric_steps(b["history"], "charts/sps")) > 1024
+    runs = client.search_runs(client.get_experiment_by_name("rlrun").experiment_id)
+    (new,) = [r for r in runs if r.info.run_id != mrun.info.run_id]
+    assert new.data.tags["rlrun.branched_from"] == mrun.info.run_id
+
+
+@pytest.mark.timeout(90)
+def test_an_unreachable_mlflow_server_is_one_warning_and_the_run_completes(tmp_path):
+    run = tmp_path / "run"
+    args = [*SMALL, "total_steps=1024", "logging.trackers=[mlflow]", "logging.mlflow.tracking_uri=http://127.0.0.1:1"]
+    start = time.monotonic()
+    out = rlrun("train", *args, f"hydra.run.dir={run}", cwd=tmp_path, timeout=80)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if "tracker" in line]
+    assert len(lines) == 1, lines
+    assert "tracker mlflow failed" in lines[0] and "127.0.0.1:1" in lines[0]
+    assert "the run goes on with TensorBoard and metrics.jsonl" in lines[0]
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert read_jsonl(run / "metrics.jsonl")[-1]["env_steps"] == 1024
+    assert list((run / "tb").iterdir())
+    assert time.monotonic() - start < 60  # no minutes of retries
+
+
+def test_a_missing_tracker_package_or_name_is_one_line(tmp_path):
+    out = rlrun("train", "logging.trackers=[neptune]", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["rlrun: error: logging.trackers=[neptune]: accepted are wandb, mlflow"]
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.timeout(200)
+def test_a_sweep_is_one_tracked_run_per_job_grouped_by_the_sweep(tmp_path):
+    """A 2-job multirun with both trackers: 2 W&B runs in the sweep's group, 2 MLflow runs tagged with the sweep,
+    each named by its job's own override, with its own seed and points."""
+    sweep, mlflow_server = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*SMALL, "total_steps=1024", "logging.trackers=[wandb,mlflow]", "logging.wandb.mode=offline"]
+    args += [f"logging.mlflow.tracking_uri={mlflow_server}", "logging.mlflow.experiment=sweep", "seed=3,4"]
+    out = rlrun("train", "-m", *args, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    group = f"{tmp_path.name}/sweep"
+    runs = [wandb_run(sweep / job) for job in ("0", "1")]
+    assert [r["group"] for r in runs] == [{group}, {group}]
+    assert len(runs[0]["ids"] | runs[1]["ids"]) == 2
+    assert [r["config"]["seed"] for r in runs] == [3, 4]
+    assert all(metric_steps(r["history"], "charts/sps") == [512, 1024] for r in runs)
+
+    client = mlflow_client.MlflowClient(tracking_uri=mlflow_server)
+    mruns = client.search_runs(client.get_experiment_by_name("sweep").experiment_id)
+    assert sorted(r.data.params["seed"] for r in mruns) == ["3", "4"]
+    assert {r.data.tags["rlrun.sweep"] for r in mruns} == {group}
+    assert sorted(r.info.run_name for r in mruns) == ["seed=3", "seed=4"]
+    for r in mruns:
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "charts/sps")] == [512, 1024]
