@@ -79,6 +79,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
+def tensors_in(state) -> list[torch.Tensor]:
+    """Every tensor in a state (nested dicts, lists and tuples), as a checkpoint holds them."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in tensors_in(v)]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in tensors_in(v)]
+    return []
+
+
 def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

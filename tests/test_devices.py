@@ -20,6 +20,7 @@ from rlrun.checkpoint import rng_state, set_rng_state
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, frame_stack, make_env
 from rlrun.fast import accelerate
+from tests.conftest import tensors_in
 from tests.simulated_device import simulated_device
 
 BREAKOUT = EnvConfig(id="ALE/Breakout-v5", num_envs=2)
@@ -98,20 +99,10 @@ def _collect_update_act_and_state(algo_cfg, model_cfg, env_cfg: EnvConfig, envs,
     actions = algo.act(algo.next_obs, deterministic=False, starts=np.ones(env_cfg.num_envs, dtype=bool))
     assert actions.shape[0] == env_cfg.num_envs
     state = algo.state_dict()
-    assert all(t.device.type == "cpu" for t in _tensors(state["obs_rms"] if "obs_rms" in state else {}))
+    assert all(t.device.type == "cpu" for t in tensors_in(state["obs_rms"] if "obs_rms" in state else {}))
     algo.load_state_dict(state)
     algo.collect(envs, 0.2)
     algo.update(0.2)
-
-
-def _tensors(state) -> list[torch.Tensor]:
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for v in state.values() for t in _tensors(v)]
-    if isinstance(state, (list, tuple)):
-        return [t for v in state for t in _tensors(v)]
-    return []
 
 
 def test_observations_of_any_dtype_reach_the_networks_as_float32_and_frames_stay_bytes():

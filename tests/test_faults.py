@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import cli_env, rlrun
+from tests.conftest import cli_env, rlrun, tensors_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -151,7 +151,7 @@ def test_a_non_finite_value_ends_the_run_naming_it_with_a_finite_recovery_checkp
     (saved,) = (run / "checkpoints").glob("ckpt_*.pt")
     state = torch.load(saved, weights_only=True)
     assert state["recovery"]
-    weights = [t for t in _tensors(state["algo"]) if t.is_floating_point()]
+    weights = [t for t in tensors_in(state["algo"]) if t.is_floating_point()]
     assert weights and all(torch.isfinite(t).all() for t in weights)
 
 
@@ -172,13 +172,3 @@ def test_ctrl_c_during_start_up_is_one_line(folder):
     _, stderr, seconds = _finish(proc, 30)
     assert seconds < 10 and proc.returncode == 128 + signal.SIGINT
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-
-
-def _tensors(state) -> list[torch.Tensor]:
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if isinstance(state, dict):
-        return [t for v in state.values() for t in _tensors(v)]
-    if isinstance(state, (list, tuple)):
-        return [t for v in state for t in _tensors(v)]
-    return []
