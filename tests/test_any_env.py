@@ -66,6 +66,7 @@ def test_presets_are_logged_and_a_sweep_over_env_ids_decides_per_job(tmp_path):
 ENVS = '''
 import gymnasium as gym
 import numpy as np
+import torch
 
 
 class Target(gym.Env):
@@ -175,6 +176,57 @@ class Masked(gym.Env):
         return self._obs(), float([2, 1, 0][action]), False, self.t >= 8, {}
 
 
+class Compass(gym.Env):
+    """A Dict observation as MiniGrid's: an image [5, 5, 3] uint8 (its left or right half lit) and a direction
+    (Discrete(4)). The right action is (direction + lit half) % 4, so a policy must read both; 8 steps an episode
+    (best 8, random 2)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict(
+            {"image": gym.spaces.Box(0, 255, (5, 5, 3), np.uint8), "direction": gym.spaces.Discrete(4)}
+        )
+        self.action_space = gym.spaces.Discrete(4)
+
+    def _obs(self):
+        self.side, self.direction = (int(x) for x in self.np_random.integers((2, 4)))
+        image = np.zeros((5, 5, 3), np.uint8)
+        (image[:, :2] if self.side == 0 else image[:, 3:])[:] = 255
+        return {"image": image, "direction": self.direction}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(action == (self.direction + self.side) % 4)
+        return self._obs(), reward, False, self.t >= 8, {}
+
+
+class CompassNet(torch.nn.Module):
+    """A user's network that reads the Dict as the env gives it: a CNN on obs["image"] [B, 5, 5, 3] uint8 (in the
+    env's own layout) and an embedding of obs["direction"] [B] int64 (neither would take the encoded vector). Q-values
+    (q=True) or (logits, value)."""
+
+    def __init__(self, observation_space, action_space, q=False):
+        super().__init__()
+        assert set(observation_space.spaces) == {"image", "direction"}, observation_space
+        self.q = q
+        self.conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten())
+        self.embed = torch.nn.Embedding(observation_space["direction"].n, 16)
+        self.body = torch.nn.Sequential(torch.nn.Linear(8 * 9 + 16, 64), torch.nn.ReLU())
+        self.pi, self.v = torch.nn.Linear(64, action_space.n), torch.nn.Linear(64, 1)
+
+    def forward(self, obs):
+        image, direction = obs["image"], obs["direction"]
+        assert image.dtype == torch.uint8 and image.shape[1:] == (5, 5, 3), (image.dtype, image.shape)
+        assert direction.dtype == torch.int64 and direction.shape == image.shape[:1], direction.shape
+        h = torch.cat([self.conv(image.permute(0, 3, 1, 2).float() / 255), self.embed(direction)], -1)
+        h = self.body(h)
+        return self.pi(h) if self.q else (self.pi(h), self.v(h).squeeze(-1))
+
+
 class Broken(gym.Env):
     def __init__(self):
         raise ValueError("the simulator's licence file is missing")
@@ -185,6 +237,7 @@ gym.register("TargetMB-v0", entry_point=Target, kwargs={"kind": "multibinary"})
 gym.register("Frames-v0", entry_point=Frames)
 gym.register("Notes-v0", entry_point=Notes)
 gym.register("Broken-v0", entry_point=Broken)
+gym.register("Compass-v0", entry_point=Compass)
 gym.register("Masked-v0", entry_point=Masked)
 gym.register("MaskedMethod-v0", entry_point=Masked, kwargs={"method": True})
 '''
@@ -416,3 +469,105 @@ def test_multi_action_distributions_match_torch_distributions():
     masked = torch.tensor([[0.3, -1e9, 0.1]])
     assert D.categorical_entropy(torch.log_softmax(masked, -1)).isfinite().all()
     assert (D.categorical_sample(torch.log_softmax(masked.expand(1000, 3), -1)) != 1).all()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_users_networks_get_dict_observations_as_the_env_gives_them_and_learn(folder):
+    """model._target_ with a Dict observation: the user's network is built with the env's Dict space and gets a dict
+    of tensors, obs["image"] [B, 5, 5, 3] uint8 in the env's layout and obs["direction"] [B] int64 (its CNN and
+    embedding would fail on the encoded vector), with PPO and DQN, default and reference (algo.fast=false) paths;
+    each reads both keys to score (best 8, random 2). `rlrun play` rebuilds it for the Dict env of env.imports."""
+    common = ["env.imports=[spaces_envs]", "env.id=Compass-v0", "model._target_=spaces_envs.CompassNet", "seed=1"]
+    common += ["eval.episodes=8", "eval.num_envs=2"]
+    ppo = ["env.num_envs=4", "algo.num_steps=32", "algo.lr=2e-3", "total_steps=4096"]
+    dqn = ["algo=dqn", "+model.kwargs.q=true", "env.num_envs=1", "algo.learning_starts=100", "algo.train_freq=1"]
+    dqn += ["algo.batch_size=32", "total_steps=1500"]
+    runs = {
+        "ppo": (ppo, 7.0),
+        "ppo_reference": ([*ppo, "algo.fast=false"], 7.0),
+        "dqn": (dqn, 5.5),
+        "dqn_reference": ([*dqn, "algo.fast=false"], 5.5),
+    }
+    for name, (args, threshold) in runs.items():
+        run = folder / name
+        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert _final(run) >= threshold, (name, _final(run))
+    out = rlrun("play", f"checkpoint={folder / 'dqn'}", "episodes=2", cwd=folder)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+class ReadsTuple(torch.nn.Module):
+    """A user's actor-critic for Blackjack's Tuple observation, which keeps what it was given."""
+
+    seen: dict = {}
+
+    def __init__(self, observation_space, action_space):
+        super().__init__()
+        assert list(observation_space.spaces) == ["0", "1", "2"], observation_space
+        self.out = torch.nn.Linear(1, action_space.n)
+
+    def forward(self, obs):
+        ReadsTuple.seen = obs
+        return self.out(obs["0"][:, None].float()), obs["1"].float()
+
+
+class PrefersZero(torch.nn.Module):
+    """A user's Q-network whose best action is always 0, which Masked-v0 makes illegal every other step or so."""
+
+    def __init__(self, observation_space, action_space):
+        super().__init__()
+        self.keys = sorted(observation_space.spaces)
+        self.bias = torch.nn.Parameter(torch.tensor([2.0, 1.0, 0.0]))
+
+    def forward(self, obs):
+        assert sorted(obs) == self.keys and obs["action_mask"].shape[1:] == (3,), obs
+        return self.bias.expand(len(obs["pos"]), 3)
+
+
+def test_users_networks_get_tuple_observations_as_keys_and_their_q_values_masked(folder, monkeypatch):
+    """A Tuple observation (Blackjack's three Discretes) reaches a user's network as keys "0", "1", "2" of int64
+    values, as the env gives them; a user's DQN network on an env with masks in its Dict observation gets the
+    action_mask key too, and its greedy and epsilon-random actions are legal ones (rlrun masks its Q-values; the
+    env raises on an illegal action)."""
+    from rlrun.algos import ALGORITHMS, build_algo
+    from rlrun.algos.protocol import EnvSpec
+    from rlrun.config import EnvConfig, ModelConfig
+    from rlrun.envs import env_spaces, make_env
+
+    monkeypatch.chdir(folder)
+    cpu = torch.device("cpu")
+    cfg = EnvConfig(id="Blackjack-v1")
+    obs_space, action_space = env_spaces(cfg)
+    ppo = build_algo(
+        ALGORITHMS["ppo"].schema(),
+        ModelConfig(_target_="tests.test_any_env.ReadsTuple"),
+        EnvSpec(obs_space, action_space, 1),
+        cpu,
+    )
+    env = make_env(cfg, train=False)()
+    obs, _ = env.reset(seed=0)
+    ppo.act(obs[None], deterministic=True)
+    seen = ReadsTuple.seen
+    assert [seen[k].tolist() for k in "012"] == [[int(v)] for v in env.unwrapped._get_obs()]
+    assert all(seen[k].dtype == torch.int64 for k in "012")
+
+    cfg = EnvConfig(id="Masked-v0", imports=["spaces_envs"])
+    obs_space, action_space = env_spaces(cfg)
+    dqn = build_algo(
+        ALGORITHMS["dqn"].schema(buffer_size=64),
+        ModelConfig(_target_="tests.test_any_env.PrefersZero"),
+        EnvSpec(obs_space, action_space, 1),
+        cpu,
+    )
+    env = make_env(cfg, train=False)()
+    obs, _ = env.reset(seed=0)
+    taken = []
+    for t in range(64):
+        (action,) = dqn.act(obs[None], deterministic=t % 2 == 0)
+        taken.append(int(action))
+        obs, *_, truncated, _ = env.step(int(action))  # raises on an illegal action
+        if truncated:
+            obs, _ = env.reset()
+    assert taken.count(0) > 10 and taken.count(1) > 10, taken  # 0 where legal, else the best legal one

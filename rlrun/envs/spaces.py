@@ -37,7 +37,9 @@ class EncodedBox(gym.spaces.Box):
     order, which gets a CNN of its own (SB3's CombinedExtractor). Being part of the observation vector, the mask
     and the images reach rollouts, replays and every collector with no change to them. `floats`: the entries that
     come from float Box keys, the only ones observation normalization rescales (not one-hots, bits, integer
-    vectors, images or masks)."""
+    vectors, images or masks). `given`: for Dict and Tuple observations, the Dict space users' own networks
+    (model._target_) receive them in (the kept keys, a Tuple's as "0", "1", ..., and the action_mask key where the
+    env gives one), and `layout`, (key path, offset, space) of each leaf, from which they are rebuilt."""
 
     def __init__(
         self,
@@ -45,11 +47,15 @@ class EncodedBox(gym.spaces.Box):
         mask_size: int = 0,
         images: tuple[tuple[int, tuple[int, int, int]], ...] = (),
         floats: tuple[tuple[int, int], ...] = (),
+        given: gym.spaces.Dict | None = None,
+        layout: tuple[tuple[str, int, gym.Space], ...] = (),
     ):
         super().__init__(-np.inf, np.inf, (size,), np.float32)
         self.mask_size = mask_size
         self.images = images
         self.floats = floats  # (start, end) of the float Box keys: what algo.normalize_obs rescales
+        self.given = given
+        self.layout = layout
 
 
 def mask_size(space: gym.Space) -> int:
@@ -128,7 +134,13 @@ class EncodeObservation(gym.ObservationWrapper):
             offsets = [int(o) for o in np.cumsum([0] + [_size(s) for _, s in self.parts])]
             images = tuple((o, _chw(s.shape)) for o, (_, s) in zip(offsets, self.parts) if is_image(s))
             floats = tuple((o, e) for o, e, (_, s) in zip(offsets, offsets[1:], self.parts) if _is_float(s))
-            self.observation_space = EncodedBox(offsets[-1] + self.mask_size, self.mask_size, images, floats)
+            layout = tuple((k, o, s) for o, (k, s) in zip(offsets, self.parts))
+            if self.in_obs:
+                layout += ((MASK_KEY, offsets[-1], space.spaces[MASK_KEY]),)
+            given = _given(space, obs_keys, self.in_obs)
+            self.observation_space = EncodedBox(
+                offsets[-1] + self.mask_size, self.mask_size, images, floats, given, layout if given else ()
+            )
 
     def reset(self, **kwargs):
         self.steps = 0
@@ -149,6 +161,17 @@ class EncodeObservation(gym.ObservationWrapper):
                 raise ValueError(f"{self.env_id} gave no legal action (an all-zero action mask) at step {self.steps}")
             parts.append(mask)
         return np.concatenate(parts)
+
+
+def _given(space: gym.Space, obs_keys: list[str] | None, with_mask: bool) -> gym.spaces.Dict | None:
+    """The Dict of the kept keys of a Dict or Tuple observation (a Tuple's as "0", "1", ...), the action mask
+    included where the observation holds it; None for other spaces."""
+    if isinstance(space, gym.spaces.Tuple):
+        space = gym.spaces.Dict({str(i): s for i, s in enumerate(space.spaces)})
+    if not isinstance(space, gym.spaces.Dict):
+        return None
+    kept = {k: s for k, s in space.spaces.items() if obs_keys is None or k in obs_keys or (with_mask and k == MASK_KEY)}
+    return gym.spaces.Dict(kept)
 
 
 def _policy_size(space: gym.Space) -> int:

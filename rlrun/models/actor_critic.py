@@ -16,7 +16,7 @@ from rlrun.config.instantiate import instantiate_network
 from rlrun.models import distributions as D
 from rlrun.models.encoders import TwinMLP, build_encoder, encoder_name, layer_init
 from rlrun.models.recurrent import build_core, not_starts
-from rlrun.models.user import check_outputs
+from rlrun.models.user import AsGiven, check_outputs, given_space
 
 
 def image_parts(obs_space: gym.Space) -> tuple:
@@ -139,16 +139,19 @@ class ActorCritic(_Policy):
 class UserActorCritic(_Policy):
     """A user's network (model._target_) as an actor-critic: `net(obs [B, ...])` returns (logits [B, A] for a
     Discrete action space, or the Gaussian mean [B, D] for a Box one, whose log-std is a parameter here; value
-    [B]). Observations come as the env gives them, as float32 (uint8 for image frames [C, H, W])."""
+    [B]). Observations come as the env gives them, as float32 (uint8 for image frames [C, H, W]); Dict and Tuple
+    ones as a dict of tensors (rlrun.models.user.AsGiven). Where the env gives action masks, illegal actions'
+    logits are masked here, after the network."""
 
-    def __init__(self, net: nn.Module, action_space: gym.Space):
+    def __init__(self, net: nn.Module, action_space: gym.Space, obs_space: gym.Space):
         super().__init__()
         self.net = net
         self._init_distribution(action_space)
-        self.mask_size = 0
+        self.mask_size = action_mask_size(obs_space)
+        self.as_given = AsGiven(obs_space)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        outputs = self.net(obs)
+        outputs = self.net(self.as_given(obs))
         if not self.mask_size:  # as the network returns them, for check_outputs to judge
             return outputs
         out, value = outputs
@@ -209,8 +212,8 @@ def build_actor_critic(
     cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space
 ) -> ActorCritic | RecurrentActorCritic | UserActorCritic:
     if cfg._target_ is not None:
-        model = UserActorCritic(instantiate_network(cfg, obs_space, action_space), action_space)
-        model.mask_size = action_mask_size(obs_space)
+        net = instantiate_network(cfg, given_space(obs_space), action_space)
+        model = UserActorCritic(net, action_space, obs_space)
         head = "Gaussian mean" if model.kind == "gaussian" else "logits"
         check_outputs(model, cfg._target_, obs_space, {head: (2, model.policy_size), "value": (2,)})
         return model

@@ -9,7 +9,7 @@ from rlrun.config import ModelConfig
 from rlrun.config.instantiate import instantiate_network
 from rlrun.models.actor_critic import action_mask_size, image_parts
 from rlrun.models.encoders import build_encoder, encoder_name
-from rlrun.models.user import check_outputs
+from rlrun.models.user import AsGiven, check_outputs, given_space
 
 
 class QNetwork(nn.Module):
@@ -36,12 +36,32 @@ class QNetwork(nn.Module):
         return q
 
 
+class UserQNetwork(nn.Module):
+    """A user's Q-network (model._target_) given Dict and Tuple observations as the env gives them (a dict of
+    tensors, rlrun.models.user.AsGiven), with illegal actions' Q-values masked after it where the env gives masks."""
+
+    def __init__(self, net: nn.Module, obs_space: gym.Space):
+        super().__init__()
+        self.net = net
+        self.as_given = AsGiven(obs_space)
+        self.mask_size = action_mask_size(obs_space)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        q = self.net(self.as_given(obs))
+        if self.mask_size:
+            q = q.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
+        return q
+
+
 def build_q_network(
     cfg: ModelConfig, obs_space: gym.Space, action_space: gym.spaces.Discrete, dueling: bool
 ) -> nn.Module:
-    """rlrun's QNetwork, or the user's network (model._target_), whose forward returns Q-values [B, A]."""
+    """rlrun's QNetwork, or the user's network (model._target_), whose forward returns Q-values [B, A]: as it is
+    for observations it takes as they come, in a UserQNetwork for Dict/Tuple observations and action masks."""
     if cfg._target_ is None:
         return QNetwork(cfg, obs_space, action_space, dueling)
-    net = instantiate_network(cfg, obs_space, action_space)
+    net = instantiate_network(cfg, given_space(obs_space), action_space)
+    if AsGiven(obs_space) or action_mask_size(obs_space):
+        net = UserQNetwork(net, obs_space)
     check_outputs(net, cfg._target_, obs_space, {"Q-values": (2, int(action_space.n))})
     return net
