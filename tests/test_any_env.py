@@ -5,6 +5,8 @@ third-party envs (the `envs` extra: Box2D, MiniGrid) and small envs written here
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +20,7 @@ from rlrun.errors import UserError
 from tests.conftest import rlrun
 
 register_configs()
+SPACES_ENVS = Path(__file__).parent / "data" / "spaces_envs.py"
 
 PRESETS = [
     ([], None),  # CartPole's own tuned PPO
@@ -61,191 +64,9 @@ def test_presets_are_logged_and_a_sweep_over_env_ids_decides_per_job(tmp_path):
     assert "~tuned" in yaml.safe_load((tmp_path / "0/.hydra/overrides.yaml").read_text())
 
 
-# Envs written here: a target to hit with MultiDiscrete or MultiBinary actions (reward: the matching components),
-# image observations in height-width-channel layout, and a Dict observation with a key no network can take.
-ENVS = '''
-import gymnasium as gym
-import numpy as np
-import torch
-
-
-class Target(gym.Env):
-    """Each step rewards the components of the action that match a fixed target; 8 steps an episode."""
-
-    def __init__(self, kind="multidiscrete"):
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        if kind == "multidiscrete":
-            self.action_space, self.target = gym.spaces.MultiDiscrete([3, 4]), np.array([2, 1])
-        else:
-            self.action_space, self.target = gym.spaces.MultiBinary(4), np.array([1, 0, 1, 1])
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        reward = float((np.asarray(action) == self.target).sum())
-        return np.zeros(2, np.float32), reward, False, self.t >= 8, {}
-
-
-class Frames(gym.Env):
-    """uint8 frames [H, W, 3]: the right action is the one whose half of the frame is lit; 8 steps an episode."""
-
-    def __init__(self, size=7):
-        self.size = size
-        self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
-        self.action_space = gym.spaces.Discrete(2)
-
-    def _frame(self):
-        self.side = int(self.np_random.integers(2))
-        frame = np.zeros((self.size, self.size, 3), np.uint8)
-        half = self.size // 2
-        frame[:, :half] = 255 if self.side == 0 else 0
-        frame[:, half:] = 255 if self.side == 1 else 0
-        return frame
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._frame(), {}
-
-    def step(self, action):
-        self.t += 1
-        reward = float(action == self.side)
-        return self._frame(), reward, False, self.t >= 8, {}
-
-
-class Notes(gym.Env):
-    """A Dict observation: a position (Discrete), a vector (Box) and a note (Text) no network takes; the reward is
-    for repeating the position as the action."""
-
-    def __init__(self, noise=False):
-        self.noise = noise  # the vector: noise around 3 (what normalization rescales), or zeros
-        self.observation_space = gym.spaces.Dict(
-            {"pos": gym.spaces.Discrete(3), "vec": gym.spaces.Box(-10, 10, (2,)), "note": gym.spaces.Text(8)}
-        )
-        self.action_space = gym.spaces.Discrete(3)
-
-    def _obs(self):
-        self.pos = int(self.np_random.integers(3))
-        vec = 3 + 2 * self.np_random.standard_normal(2) if self.noise else np.zeros(2)
-        return {"pos": self.pos, "vec": vec.astype(np.float32), "note": "hi"}
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        reward = float(action == self.pos)
-        return self._obs(), reward, False, self.t >= 8, {}
-
-
-class Masked(gym.Env):
-    """Action 0 pays 2, action 1 pays 1, action 2 nothing; at each step action 0 or action 1 is illegal (raises),
-    which the mask says: in an action_mask key of a Dict observation, or through action_masks() (method=True).
-    The best legal play scores 8 x 1.5 = 12; random legal play 6."""
-
-    def __init__(self, method=False):
-        self.method = method
-        box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        mask = gym.spaces.MultiBinary(3)
-        self.observation_space = box if method else gym.spaces.Dict({"pos": box, "action_mask": mask})
-        self.action_space = gym.spaces.Discrete(3)
-
-    def action_masks(self):
-        return self.mask
-
-    def _obs(self):
-        self.mask = np.array([0, 1, 1] if self.np_random.integers(2) else [1, 0, 1], np.int8)
-        pos = np.zeros(2, np.float32)
-        return pos if self.method else {"pos": pos, "action_mask": self.mask}
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action):
-        if not self.mask[action]:
-            raise RuntimeError(f"illegal action {action} under mask {self.mask}")
-        self.t += 1
-        return self._obs(), float([2, 1, 0][action]), False, self.t >= 8, {}
-
-
-class Compass(gym.Env):
-    """A Dict observation as MiniGrid's: an image [5, 5, 3] uint8 (its left or right half lit) and a direction
-    (Discrete(4)). The right action is (direction + lit half) % 4, so a policy must read both; 8 steps an episode
-    (best 8, random 2)."""
-
-    def __init__(self):
-        self.observation_space = gym.spaces.Dict(
-            {"image": gym.spaces.Box(0, 255, (5, 5, 3), np.uint8), "direction": gym.spaces.Discrete(4)}
-        )
-        self.action_space = gym.spaces.Discrete(4)
-
-    def _obs(self):
-        self.side, self.direction = (int(x) for x in self.np_random.integers((2, 4)))
-        image = np.zeros((5, 5, 3), np.uint8)
-        (image[:, :2] if self.side == 0 else image[:, 3:])[:] = 255
-        return {"image": image, "direction": self.direction}
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        reward = float(action == (self.direction + self.side) % 4)
-        return self._obs(), reward, False, self.t >= 8, {}
-
-
-class CompassNet(torch.nn.Module):
-    """A user's network that reads the Dict as the env gives it: a CNN on obs["image"] [B, 5, 5, 3] uint8 (in the
-    env's own layout) and an embedding of obs["direction"] [B] int64 (neither would take the encoded vector). Q-values
-    (q=True) or (logits, value)."""
-
-    def __init__(self, observation_space, action_space, q=False):
-        super().__init__()
-        assert set(observation_space.spaces) == {"image", "direction"}, observation_space
-        self.q = q
-        self.conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten())
-        self.embed = torch.nn.Embedding(observation_space["direction"].n, 16)
-        self.body = torch.nn.Sequential(torch.nn.Linear(8 * 9 + 16, 64), torch.nn.ReLU())
-        self.pi, self.v = torch.nn.Linear(64, action_space.n), torch.nn.Linear(64, 1)
-
-    def forward(self, obs):
-        image, direction = obs["image"], obs["direction"]
-        assert image.dtype == torch.uint8 and image.shape[1:] == (5, 5, 3), (image.dtype, image.shape)
-        assert direction.dtype == torch.int64 and direction.shape == image.shape[:1], direction.shape
-        h = torch.cat([self.conv(image.permute(0, 3, 1, 2).float() / 255), self.embed(direction)], -1)
-        h = self.body(h)
-        return self.pi(h) if self.q else (self.pi(h), self.v(h).squeeze(-1))
-
-
-class Broken(gym.Env):
-    def __init__(self):
-        raise ValueError("the simulator's licence file is missing")
-
-
-gym.register("TargetMD-v0", entry_point=Target, kwargs={"kind": "multidiscrete"})
-gym.register("TargetMB-v0", entry_point=Target, kwargs={"kind": "multibinary"})
-gym.register("Frames-v0", entry_point=Frames)
-gym.register("Notes-v0", entry_point=Notes)
-gym.register("Broken-v0", entry_point=Broken)
-gym.register("Compass-v0", entry_point=Compass)
-gym.register("Masked-v0", entry_point=Masked)
-gym.register("MaskedMethod-v0", entry_point=Masked, kwargs={"method": True})
-'''
-
-
 @pytest.fixture
 def folder(tmp_path):
-    (tmp_path / "spaces_envs.py").write_text(ENVS)
+    shutil.copy(SPACES_ENVS, tmp_path)  # env.imports=[spaces_envs] finds it in the working directory
     return tmp_path
 
 
@@ -298,56 +119,6 @@ def test_multidiscrete_and_multibinary_actions_learn_with_ppo_a2c_and_an_lstm(fo
         out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
         assert out.returncode == 0, out.stderr[-2000:]
         assert _final(run) >= threshold, (args, _final(run))
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_discrete_image_and_dict_observations_learn_and_play(folder):
-    """FrozenLake (non-slippery; Discrete observations as one-hots) with PPO and DQN reach the goal (return 1, from
-    0 at random); frames in height-width-channel layout (7x7: the small CNN) and a Dict observation with its Text
-    key dropped (env.obs_keys) score 8 of 8 (random: 4, 2.7). `rlrun play` of the Dict run imports env.imports."""
-    mine = ["env.imports=[spaces_envs]", "env.num_envs=4", "algo.num_steps=32", "total_steps=2048"]
-    runs = {
-        "frozen_ppo": (["env=frozenlake", "total_steps=4096"], 1.0),  # conf/tuned/ppo_frozenlake.yaml
-        "frozen_dqn": (["algo=dqn", "env=frozenlake"], 1.0),  # the preset's 5k steps (seed 1: 1.0 from 4k on)
-        "frames": ([*mine, "env.id=Frames-v0"], 7.0),
-        "dict": ([*mine, "env.id=Notes-v0", "env.obs_keys=[pos,vec]"], 7.0),
-    }
-    for name, (args, threshold) in runs.items():
-        run = folder / name
-        out = rlrun("train", *args, "seed=1", "eval.episodes=4", "eval.num_envs=2", f"hydra.run.dir={run}", cwd=folder)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert _final(run) >= threshold, (name, _final(run))
-    out = rlrun("play", f"checkpoint={folder / 'dict'}", "episodes=2", cwd=folder)
-    assert out.returncode == 0 and "unknown env id" not in out.stderr, out.stderr[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_minigrid_dict_observations_give_the_image_key_a_cnn_and_learn_with_ppo_and_an_lstm(tmp_path):
-    """MiniGrid-Empty-5x5's Dict observation (image 7x7x3 uint8, direction Discrete(4); the Text mission dropped by
-    env.obs_keys): the image key gets the small CNN beside the direction's one-hot (one encoder per key, SB3's
-    CombinedExtractor), and PPO, feedforward and with an LSTM, reaches the goal in few steps: 0.955 at best, 0 for
-    the untrained greedy policy (it turns in place), about 0.2 at random."""
-    common = [
-        "env.id=MiniGrid-Empty-5x5-v0",
-        "env.imports=[minigrid]",
-        "env.obs_keys=[image,direction]",
-        "env.num_envs=8",
-        "algo.lr=1e-3",
-        "algo.num_steps=32",
-        "seed=1",
-        "eval.episodes=8",
-    ]
-    runs = {"mlp": ["total_steps=8192"], "lstm": ["model=lstm", "algo.num_minibatches=2", "total_steps=12288"]}
-    for name, args in runs.items():
-        run = tmp_path / name
-        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=tmp_path)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert _final(run) >= 0.8, (name, _final(run))
-        (checkpoint,) = (run / "checkpoints").glob("*.pt")
-        model = torch.load(checkpoint, weights_only=True)["algo"]["model"]
-        assert any(".cnns.0.conv.0.weight" in k for k in model), list(model)  # the image's own CNN
 
 
 def test_dict_image_keys_lie_channel_first_where_every_network_gives_them_a_cnn():
@@ -423,30 +194,6 @@ def test_normalize_obs_rescales_the_float_keys_only(folder, monkeypatch):
     assert float_entries(cartpole) is None
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_masked_actions_are_never_taken_and_the_best_legal_one_is_learned(folder):
-    """The env raises on an illegal action, so a run that took one fails: PPO with masks from action_masks(), a
-    recurrent PPO on the Dict observation's action_mask key, and DQN (greedy, random draws and targets masked)."""
-    common = ["env.imports=[spaces_envs]", "seed=1", "eval.episodes=4", "eval.num_envs=2", "total_steps=2048"]
-    runs = {
-        "ppo_method": ["env.id=MaskedMethod-v0", "env.num_envs=4", "algo.num_steps=32"],
-        "lstm_dict": [
-            "env.id=Masked-v0",
-            "model=lstm",
-            "env.num_envs=4",
-            "algo.num_steps=32",
-            "algo.num_minibatches=2",
-        ],
-        "dqn_dict": ["algo=dqn", "env.id=Masked-v0", "env.num_envs=1", "algo.learning_starts=200", "algo.train_freq=1"],
-    }
-    for name, args in runs.items():
-        run = folder / name
-        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert _final(run) >= 10.0, (name, _final(run))  # best legal play 12, random legal play 6
-
-
 def test_multi_action_distributions_match_torch_distributions():
     """Log-probs and entropies of independent categoricals and Bernoullis, summed over components, against
     torch.distributions; masked logits (-1e9) give illegal actions probability 0 and no entropy."""
@@ -469,33 +216,6 @@ def test_multi_action_distributions_match_torch_distributions():
     masked = torch.tensor([[0.3, -1e9, 0.1]])
     assert D.categorical_entropy(torch.log_softmax(masked, -1)).isfinite().all()
     assert (D.categorical_sample(torch.log_softmax(masked.expand(1000, 3), -1)) != 1).all()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_users_networks_get_dict_observations_as_the_env_gives_them_and_learn(folder):
-    """model._target_ with a Dict observation: the user's network is built with the env's Dict space and gets a dict
-    of tensors, obs["image"] [B, 5, 5, 3] uint8 in the env's layout and obs["direction"] [B] int64 (its CNN and
-    embedding would fail on the encoded vector), with PPO and DQN, default and reference (algo.fast=false) paths;
-    each reads both keys to score (best 8, random 2). `rlrun play` rebuilds it for the Dict env of env.imports."""
-    common = ["env.imports=[spaces_envs]", "env.id=Compass-v0", "model._target_=spaces_envs.CompassNet", "seed=1"]
-    common += ["eval.episodes=8", "eval.num_envs=2"]
-    ppo = ["env.num_envs=4", "algo.num_steps=32", "algo.lr=2e-3", "total_steps=4096"]
-    dqn = ["algo=dqn", "+model.kwargs.q=true", "env.num_envs=1", "algo.learning_starts=100", "algo.train_freq=1"]
-    dqn += ["algo.batch_size=32", "total_steps=1500"]
-    runs = {
-        "ppo": (ppo, 7.0),
-        "ppo_reference": ([*ppo, "algo.fast=false"], 7.0),
-        "dqn": (dqn, 5.5),
-        "dqn_reference": ([*dqn, "algo.fast=false"], 5.5),
-    }
-    for name, (args, threshold) in runs.items():
-        run = folder / name
-        out = rlrun("train", *common, *args, f"hydra.run.dir={run}", cwd=folder)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert _final(run) >= threshold, (name, _final(run))
-    out = rlrun("play", f"checkpoint={folder / 'dqn'}", "episodes=2", cwd=folder)
-    assert out.returncode == 0, out.stderr[-2000:]
 
 
 class ReadsTuple(torch.nn.Module):
@@ -571,3 +291,68 @@ def test_users_networks_get_tuple_observations_as_keys_and_their_q_values_masked
         if truncated:
             obs, _ = env.reset()
     assert taken.count(0) > 10 and taken.count(1) > 10, taken  # 0 where legal, else the best legal one
+
+
+def _completed(run: Path) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed", summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_each_space_trains_to_the_end_and_plays(folder):
+    """Short runs of what bench/learning/test_any_env_learning.py trains to a score: masks in a Dict observation
+    with an LSTM and from action_masks() with DQN (the env raises on an illegal action, so a run that took one
+    fails), a user's network reading a Dict's keys (it asserts their dtypes and shapes) with PPO and DQN, Taxi's
+    Discrete observations, frames in height-width-channel layout. `rlrun play` of the masked Dict run and of the
+    user's DQN run, both on envs registered through env.imports."""
+    common = ["env.imports=[spaces_envs]", "seed=1", "eval.episodes=2", "eval.num_envs=1"]
+    short = ["env.num_envs=2", "algo.num_steps=32", "total_steps=128"]
+    dqn = ["algo=dqn", "env.num_envs=1", "algo.learning_starts=32", "algo.train_freq=1", "total_steps=96"]
+    user = ["env.id=Compass-v0", "model._target_=spaces_envs.CompassNet"]
+    runs = {
+        "masked_lstm": ["env.id=Masked-v0", "model=lstm", "algo.num_minibatches=2", *short],
+        "masked_dqn": [*dqn, "env.id=MaskedMethod-v0"],
+        "user_ppo": [*user, *short],
+        "user_dqn": [*dqn, *user, "+model.kwargs.q=true"],
+        "taxi": ["env.id=Taxi-v4", *short],
+        "frames": ["env.id=Frames-v0", *short],
+    }
+    for name, args in runs.items():
+        out = rlrun("train", *common, *args, f"hydra.run.dir={folder / name}", cwd=folder, timeout=200)
+        assert out.returncode == 0, (name, out.stderr[-2000:])
+        _completed(folder / name)
+    for name in ("masked_lstm", "user_dqn"):
+        out = rlrun("play", f"checkpoint={folder / name}", "episodes=2", cwd=folder, timeout=200)
+        assert out.returncode == 0 and "mean" in out.stdout, (name, out.stderr[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_car_racing_frames_train_with_ppo_and_with_sac_on_a_replay_of_bytes(tmp_path):
+    """CarRacing-v3 (uint8 frames [96, 96, 3], Box actions) runs to the end with PPO (the Nature CNN on [3, 96, 96])
+    and SAC, whose replay keeps the frames as bytes: 27,648 a row, 4x less than float32."""
+    from rlrun.algos import ALGORITHMS, build_algo
+    from rlrun.algos.protocol import EnvSpec
+    from rlrun.config import EnvConfig, ModelConfig
+    from rlrun.envs import env_spaces
+
+    obs_space, action_space = env_spaces(EnvConfig(id="CarRacing-v3"))
+    assert obs_space.shape == (3, 96, 96) and obs_space.dtype == np.uint8
+    sac = build_algo(
+        ALGORITHMS["sac"].schema(buffer_size=1000),
+        ModelConfig(),
+        EnvSpec(obs_space, action_space, 1),
+        torch.device("cpu"),
+    )
+    frames = sac.replay.frames
+    assert frames.dtype == np.uint8 and frames[0].nbytes == 3 * 96 * 96 and len(frames) >= 1000
+    common = ["env.id=CarRacing-v3", "env.max_episode_steps=50", "eval.episodes=1", "eval.num_envs=1", "seed=1"]
+    runs = {
+        "ppo": ["env.num_envs=2", "algo.num_steps=32", "algo.num_minibatches=2", "total_steps=128"],
+        "sac": ["algo=sac", "algo.buffer_size=1000", "algo.learning_starts=64", "total_steps=128"],
+    }
+    for name, args in runs.items():
+        out = rlrun("train", *common, *args, f"hydra.run.dir={tmp_path / name}", cwd=tmp_path, timeout=300)
+        assert out.returncode == 0, (name, out.stderr[-2000:])
+        _completed(tmp_path / name)
