@@ -52,7 +52,7 @@ class AsGiven:
     for users' own networks; identity for observations rlrun passes as they are (Box, frames)."""
 
     def __init__(self, obs_space: gym.Space):
-        self.layout = tuple(getattr(obs_space, "layout", ()) or ()) if getattr(obs_space, "given", None) else ()
+        self.layout = tuple(getattr(obs_space, "layout", ()))  # EncodedBox's, for Dict and Tuple observations
 
     def __bool__(self) -> bool:
         return bool(self.layout)
