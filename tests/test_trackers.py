@@ -79,13 +79,15 @@ class MlflowServer:
 
     def __init__(self, folder: Path):
         libs = Path(sys.prefix) / "mlflow-server"
-        assert libs.is_dir(), f"{libs} is missing: `make install` puts SQLAlchemy 2 there for the MLflow server"
         self.store = f"sqlite:///{folder / 'server.db'}"
         self.uri = f"http://127.0.0.1:{free_port()}"
+        self.proc: subprocess.Popen | None = None
+        self.missing = f"{libs} is missing: `make install` puts SQLAlchemy 2 there for the MLflow server"
+        if not libs.is_dir():  # the tests that use the server fail, saying so; the others run
+            return
         port = self.uri.rsplit(":", 1)[1]
-        env = cli_env() | {
-            "PYTHONPATH": os.pathsep.join([str(libs), *cli_env().get("PYTHONPATH", "").split(os.pathsep)])
-        }
+        paths = [str(libs), *(p for p in cli_env().get("PYTHONPATH", "").split(os.pathsep) if p)]
+        env = cli_env() | {"PYTHONPATH": os.pathsep.join(paths)}
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner processes beside the one worker
         mlflow = Path(sys.executable).with_name("mlflow")
         cmd = [mlflow, "server", "--backend-store-uri", self.store, "--host", "127.0.0.1", "--port", port]
@@ -97,6 +99,7 @@ class MlflowServer:
 
     def url(self, timeout: float = 180) -> str:
         """The server's URI, once it answers /health."""
+        assert self.proc is not None, self.missing
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, Path(self.log.name).read_text()[-3000:]
@@ -110,6 +113,8 @@ class MlflowServer:
 
     def kill(self) -> None:
         """The whole server (the mlflow command and its uvicorn worker) at once, as a crash would end it."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
