@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --upgrade pip
 	$(PIP) $(TORCH)
 	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,envs,wandb,mlflow,dev]'
+	# The tests' MLflow tracking server (`mlflow server`, as a team runs it) needs SQLAlchemy 2, which the sweep
+	# extra's optuna < 3 keeps out of the venv: the server alone gets it from this folder (on its PYTHONPATH).
+	$(PIP) --upgrade --target $(VENV)/mlflow-server 'sqlalchemy>=2,<3'
 	touch $(STAMP)
 
 install: $(STAMP)

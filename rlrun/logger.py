@@ -23,6 +23,8 @@ log = logging.getLogger("rlrun")
 # metrics.jsonl holds only what a seeded run reproduces exactly; wall-clock figures go to TensorBoard,
 # the console and summary.json.
 TIMING_KEYS = ("charts/sps",)
+# TensorBoard's HParams compares runs by these tags' last points: the final evaluation, and training's return.
+HPARAMS_METRICS = ("eval/return_mean", "charts/episodic_return")
 
 
 class RunLogger:
@@ -40,7 +42,8 @@ class RunLogger:
         """`history`: the metrics.jsonl of the run this one continues in another folder (its lines up to
         start_steps open this run's file, so it reads as one run). `every_seconds`: without a bar, the longest
         time between two console lines while training or evaluating, whatever the metrics interval. `trackers`:
-        opens the experiment trackers, given the last env step this folder's earlier sessions logged."""
+        opens the experiment trackers, given the last env step this folder's earlier sessions logged; its
+        `hparams` (the config's scalars) go to TensorBoard's HParams."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         logged_until = _last_step(self.metrics_path)  # before the truncation below: what trackers already have
@@ -144,9 +147,13 @@ class RunLogger:
             if self.tensorboard and self.writer is None:
                 from torch.utils.tensorboard import SummaryWriter
 
+                # One HParams entry per run folder: written by the session that writes its first events file.
+                fresh = not any((self.run_dir / "tb").glob("events.out.tfevents.*"))
                 # TensorBoard drops the points at steps >= purge_step: those after the checkpoint, not its own.
                 purge = self.start_steps + 1 if self.start_steps else None
                 self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
+                if fresh and self.trackers is not None:
+                    _write_hparams(self.writer, self.trackers.hparams)
             if self.writer is not None:
                 for key, value in metrics.items():
                     self.writer.add_scalar(key, value, env_steps)
@@ -242,6 +249,16 @@ class _DropOSError:
             error, quiet = arg.exc_value, type(arg.thread).__name__ == self.thread
         if not (quiet and isinstance(error, OSError)):
             self.handle(arg)
+
+
+def _write_hparams(writer, hparams: dict) -> None:
+    """The run's hyperparameters, with HPARAMS_METRICS as its metrics, into the run's events file: HParams takes a
+    metric's value from the last point of its scalar tag, so the final evaluation is the value it shows."""
+    from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+    experiment, session_start, _session_end = hparams_summaries(hparams, dict.fromkeys(HPARAMS_METRICS, 0.0))
+    writer.file_writer.add_summary(experiment)
+    writer.file_writer.add_summary(session_start)
 
 
 def _fmt(v: float) -> str:

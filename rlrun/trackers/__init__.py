@@ -90,6 +90,7 @@ class Trackers:
     def __init__(self, trackers: list[Tracker], config: dict, run: RunIdentity, logged_until: int):
         """`logged_until`: the last env step the run folder's earlier sessions logged (its trackers got it too)."""
         self.run_dir, self.logged_until = run.run_dir, logged_until
+        self.hparams = hparams(config)  # for TensorBoard's HParams, which RunLogger writes beside its scalars
         self.active: list[Tracker] = []
         self._dropped_note = False
         state = dict(run.resumed)
@@ -174,6 +175,12 @@ def flat(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
+def hparams(config: dict) -> dict[str, float | int | str | bool]:
+    """The config's scalars as dotted keys (algo.lr, env.num_envs, seed): the run's hyperparameters in TensorBoard's
+    HParams (lists and unset values left out: HParams takes numbers, strings and booleans only)."""
+    return {k: v for k, v in flat(config).items() if isinstance(v, (int, float, str, bool))}
+
+
 def scalars(summary: dict) -> dict[str, float]:
     """A summary's top-level numbers (final eval, SPS, env steps), as a tracker's summary metrics."""
     return {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -181,11 +188,10 @@ def scalars(summary: dict) -> dict[str, float]:
 
 def opener(
     c, config_yaml: str, run_dir: Path, overrides: tuple[str, ...], total_steps: int, origin: Path | None
-) -> Callable[[int], Trackers] | None:
+) -> Callable[[int], Trackers]:
     """What opens logging.trackers (`c`: logging) for RunLogger, given the last env step the run folder logged
-    before; None without trackers. `origin`: the folder whose older checkpoint this run continues in its own."""
-    if not c.trackers:
-        return None
+    before; without trackers it opens none but still carries the config's HParams for TensorBoard. `origin`: the
+    folder whose older checkpoint this run continues in its own."""
     import yaml
 
     shown = tuple(o for o in overrides if not o.startswith(("resume=", "hydra.")))
