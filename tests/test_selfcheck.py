@@ -154,3 +154,20 @@ def test_an_unedited_run_passes_its_checks_and_equals_the_unchecked_run(cfg, cap
     unchecked, _ = train(cfg, fast=True, unchecked=True)
     for a, b in zip(checked, unchecked, strict=True):
         assert torch.equal(a, b)
+
+
+def test_numpy_values_alone_are_checked_too(monkeypatch, caplog):
+    """With acting in env workers, the rank asks numpy acting only for bootstrap values: the check runs on those."""
+    from rlrun.fast.numpy_policy import NumpyPolicy
+    from rlrun.fast.selfcheck import CheckedPolicy
+    from rlrun.models import build_actor_critic
+
+    monkeypatch.setitem(encoders.ACTIVATIONS, "tanh", SharperTanh)
+    env = make_env(EnvConfig(), train=True)()
+    model = build_actor_critic(ModelConfig(), env.observation_space, env.action_space)
+    policy, obs = CheckedPolicy(NumpyPolicy(model), model), torch.randn(6, 4)
+    with caplog.at_level(logging.WARNING, logger="rlrun"), torch.no_grad():
+        assert torch.equal(policy.value(obs), model.value(obs))
+        assert torch.equal(policy.value(obs), model.value(obs))
+    assert set(stepped_aside(caplog)) == {"numpy acting"}
+    env.close()

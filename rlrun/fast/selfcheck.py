@@ -104,18 +104,27 @@ class CheckedPolicy:
     def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.checked:
             return self.active.act(obs)
-        self.checked = True
         before = torch.get_rng_state()
         expected = self.reference.act(obs)
         after_reference = torch.get_rng_state()
         torch.set_rng_state(before)
         ours = self.fast.act(obs)
-        diff = max(difference(a.double(), b.double()) for a, b in zip(ours, expected, strict=True))
-        if not steps_aside(self.NAME, self.REFERENCE, diff):
+        if self._agrees(ours, expected):
             return ours
-        self.active = self.reference
         torch.set_rng_state(after_reference)  # the generator as the reference left it: the reference's run
         return expected
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.active.value(obs)
+        if self.checked:
+            return self.active.value(obs)
+        # Values asked before any action: the rollout acts elsewhere (env workers) and only bootstraps here.
+        ours, expected = self.fast.value(obs), self.reference.value(obs)
+        return ours if self._agrees((ours,), (expected,)) else expected
+
+    def _agrees(self, ours: tuple[Tensor, ...], expected: tuple[Tensor, ...]) -> bool:
+        """Whether numpy acting stays, after its check on these outputs (of act or value)."""
+        self.checked = True
+        diff = max(difference(a.double(), b.double()) for a, b in zip(ours, expected, strict=True))
+        if steps_aside(self.NAME, self.REFERENCE, diff):
+            self.active = self.reference
+        return self.active is self.fast
