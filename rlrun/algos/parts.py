@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +15,13 @@ from torch import Tensor, nn
 MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 # (parameters, max_norm) -> the gradient norm before clipping, as nn.utils.clip_grad_norm_
 ClipGradNorm = Callable[[list[nn.Parameter], float], Tensor]
+
+
+class Acting(Protocol):
+    """What acts for a feedforward policy while collecting (the actor-critic itself, in the reference)."""
+
+    def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...  # (action, log-prob, value) for obs [B, ...]
+    def value(self, obs: Tensor) -> Tensor: ...  # V [B]
 
 
 def adam(lr: float, eps: float) -> MakeOptimizer:

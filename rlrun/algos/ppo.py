@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from rlrun.algos.configs import PPOConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import RunningMoments, float_entries, normalize_advantages, weighted_mean_all
-from rlrun.algos.parts import ClipGradNorm, MakeOptimizer, adam
+from rlrun.algos.parts import Acting, ClipGradNorm, MakeOptimizer, adam
 from rlrun.algos.protocol import Annealed, EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
@@ -110,7 +110,7 @@ class PPOParts:
     learner: nn.Module  # forward(**minibatch) -> (loss, stats), as PPOLearner; what DDP wraps (wrap_learner)
     make_optimizer: MakeOptimizer  # over PPO.trained, on first use
     clip_grad_norm_: ClipGradNorm
-    policy: nn.Module  # what acts while collecting: .act(obs) -> (action, log-prob, value), .value(obs) (feedforward)
+    policy: Acting  # what acts while collecting (feedforward models; a recurrent one acts itself)
     collect_steps: CollectSteps  # the steps of a rollout, into PPO.rollout
 
 
