@@ -6,6 +6,7 @@ bit for bit, the run of the same accelerations without their checks."""
 
 import logging
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ def train(cfg, fast: bool, iterations: int = 3, unchecked: bool = False) -> tupl
     try:
         torch.manual_seed(1)
         spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 4)
-        algo = build_algo(cfg.__class__(**{**cfg.__dict__, "fast": fast}), ModelConfig(), spec, torch.device("cpu"))
+        algo = build_algo(replace(cfg, fast=fast), ModelConfig(), spec, torch.device("cpu"))
         applied = accelerate(algo, envs)
         if unchecked:
             parts = algo.parts
