@@ -83,7 +83,7 @@ def test_a_shared_encoder_keeps_the_reference_loss():
     spec = EnvSpec(OBS, gym.spaces.Discrete(3))
     algo = PPO(PPOConfig(), ModelConfig(shared=True), spec, torch.device("cpu"))
     applied = accelerate(algo, SyncEnvs([make_env(EnvConfig(), train=True)]))
-    assert "fused PPO loss" not in applied and type(algo.learner) is PPOLearner and "flat Adam" in applied
+    assert "fused PPO loss" not in applied and type(algo.parts.learner) is PPOLearner and "flat Adam" in applied
 
 
 def test_flat_adam_follows_torch_adam_and_their_states_interchange():

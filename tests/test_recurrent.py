@@ -163,7 +163,7 @@ def test_minibatches_are_whole_env_sequences():
     ppo.collect(envs)
     envs.close()
     r = ppo.rollout
-    ppo.learner = recorder = RecordingLearner(ppo.learner)
+    ppo.parts.learner = recorder = RecordingLearner(ppo.parts.learner)
     ppo.update(progress=0.0)
     assert ppo.update_shape == (32 * 2, 3, 2) and len(recorder.calls) == 6
     orders = []

@@ -5,13 +5,14 @@ loss built from what the unroll kept, one backward. No second forward over the r
 Under DDP the module whose forward IS the unroll (A2CUnroll) is the wrapped one, so that backward synchronizes
 the gradients (wrapping anything whose forward is not called would sync nothing: ALF issue #913). The envs stay
 in their processes (forked workers, or the rank's own); the policy acts on the rank, because the graph of every
-step must be kept. This is the reference; with algo.fast, rlrun/fast/ swaps in a fused unroll for rlrun's MLP
-(FusedA2CUnroll, the same forward) or channels-last frames for its CNN (A2CUnroll.policy).
+step must be kept. This is the reference; with algo.fast, rlrun/fast/ swaps the declared part (A2CParts.learner) for
+a fused unroll for rlrun's MLP (FusedA2CUnroll, the same forward) or an unroll on channels-last frames for its CNN.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -55,10 +56,19 @@ class A2CUnroll(nn.Module):
     """forward(envs, obs) runs one unroll from the observations `obs` and returns (loss, stats, the observations
     after it, the episodes that ended): the module DDP wraps, since its forward is where the graph is built."""
 
-    def __init__(self, model: nn.Module, cfg: A2CConfig, num_envs: int, obs_dtype: torch.dtype, mean_all: MeanAll):
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: A2CConfig,
+        num_envs: int,
+        obs_dtype: torch.dtype,
+        mean_all: MeanAll,
+        policy: nn.Module | None = None,
+    ):
         super().__init__()
         self.model, self.cfg, self.obs_dtype, self.mean_all = model, cfg, obs_dtype, mean_all
-        self.policy: nn.Module = model  # what each step runs, obs -> (policy output, value), with autograd
+        # What each step runs, obs -> (policy output, value), with autograd: the model, or the model placed otherwise.
+        self.policy: nn.Module = model if policy is None else policy
         device = next(model.parameters()).device
         shape = (cfg.num_steps, num_envs)
         # What the envs return, as observe_step stores it (numpy, taken without a conversion); the truncation
@@ -157,6 +167,13 @@ def build_optimizer(cfg: A2CConfig, params: list[nn.Parameter]) -> torch.optim.O
     return torch.optim.RMSprop(params, lr=cfg.lr, alpha=cfg.alpha, eps=cfg.eps)
 
 
+@dataclass
+class A2CParts:
+    """What an acceleration may replace in A2C (rlrun/algos/parts.py), with a part of the same signature."""
+
+    learner: A2CUnroll  # forward(envs, obs) -> (loss, stats, next observations, episodes); what DDP wraps
+
+
 class A2C:
     """collect() runs the (DDP-wrapped) unroll, which builds the loss; update() takes its one gradient step. The
     graph lives from one to the other. Knows nothing of ranks: statistics go through `reductions.mean_all`."""
@@ -167,7 +184,7 @@ class A2C:
         self.mean_all = (reductions or Reductions()).mean_all
         self.model = build_actor_critic(model_cfg, obs_space, spec.action_space).to(device)
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
-        self.learner: nn.Module = A2CUnroll(self.model, cfg, spec.num_envs, self.obs_dtype, self.mean_all)
+        self.parts = A2CParts(A2CUnroll(self.model, cfg, spec.num_envs, self.obs_dtype, self.mean_all))
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
         self.next_obs: np.ndarray | None = None  # the observations the next unroll starts from
         self.loss: Tensor | None = None  # the last unroll's loss, with its graph, until update()
@@ -189,7 +206,7 @@ class A2C:
         return self.steps_per_collect, 1, 1
 
     def wrap_learner(self, wrap: Wrap) -> None:
-        self.learner = wrap(self.learner, self.trained)
+        self.parts.learner = wrap(self.parts.learner, self.trained)
 
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs
@@ -197,7 +214,7 @@ class A2C:
     def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict:
         """One unroll of num_steps x num_envs transitions, keeping its loss (and graph) for update()."""
         self.model.train()
-        self.loss, self.stats, self.next_obs, episodes = self.learner(envs, self.next_obs)
+        self.loss, self.stats, self.next_obs, episodes = self.parts.learner(envs, self.next_obs)
         return episodes_of(episodes, self.steps_per_collect)
 
     def annealed(self) -> list[Annealed]:

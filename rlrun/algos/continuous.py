@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from rlrun.algos.configs import ContinuousControlConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm
+from rlrun.algos.parts import OptimizerParts, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.envs import check_action_space
 from rlrun.models import trainable
@@ -69,6 +70,7 @@ class ContinuousControl(ReplayAlgorithm):
         obs_dtype = observation_dtype(obs.shape, obs.dtype)
         super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.obs_dim = math.prod(spec.observation_space.shape)
+        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
         self.critic_learner: nn.Module
         self.actor_learner: nn.Module
 
@@ -90,7 +92,7 @@ class ContinuousControl(ReplayAlgorithm):
         return self.adam(trainable(self.model.actor))
 
     def adam(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.Adam(params, lr=self.cfg.lr, eps=self.cfg.adam_eps)
+        return self.parts.make_optimizer(params)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"critic": self.critic_optimizer, "actor": self.actor_optimizer}

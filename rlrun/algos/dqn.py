@@ -1,7 +1,7 @@
 """Deep Q-learning (Mnih et al. 2015) as double DQN (van Hasselt et al. 2016): a target network synced by copy
 or Polyak averaging, n-step returns, MSE or Huber loss, linearly decayed epsilon-greedy exploration, optional dueling
 head, and uniform or prioritized replay whose shards across ranks sample as one buffer (rlrun/buffers/replay.py).
-This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in a faster optimizer."""
+This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in a faster optimizer (its `parts`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from rlrun.algos.configs import DQNConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
+from rlrun.algos.parts import OptimizerParts, adam
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions
 from rlrun.config import ModelConfig
 from rlrun.errors import UserError
@@ -82,16 +83,15 @@ class DQN(ReplayAlgorithm):
         self.target = copy.deepcopy(self.model).requires_grad_(False).eval()  # computes targets only
         self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size, cfg.loss)
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
-        self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
+        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
         self.num_actions = int(action_space.n)
         self.mask_size = action_mask_size(obs_space)  # the env's action masks end its observations
         self.epsilon = cfg.start_e
 
     @functools.cached_property
     def optimizer(self) -> torch.optim.Optimizer:
-        """Adam over the trained parameters, built on first use: when an acceleration puts another in its place
-        first, torch._dynamo, which torch.optim's optimizers import when built (a second of start-up), never loads."""
-        return torch.optim.Adam(self.trained, lr=self.cfg.lr, eps=self.cfg.adam_eps)
+        """The parts' optimizer over the trained parameters, built on first use."""
+        return self.parts.make_optimizer(self.trained)
 
     def _greedy_or_random(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
         x = self._obs(obs)
@@ -132,7 +132,7 @@ class DQN(ReplayAlgorithm):
         loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, weights)
         self.optimizer.zero_grad()
         loss.backward()
-        require_finite(self.clip_grad_norm_(self.trained, c.max_grad_norm), "the DQN gradient norm")
+        require_finite(self.parts.clip_grad_norm_(self.trained, c.max_grad_norm), "the DQN gradient norm")
         self.optimizer.step()
         if self.updates % c.target_update_interval == 0:
             polyak_update(self.target, self.model, c.tau)

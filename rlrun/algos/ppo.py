@@ -7,15 +7,15 @@ With several ranks and `preempt_fraction` set, a rank whose rollout lags is cut 
 preemption, Wijmans et al. 2020), and the update weighs the ranks' unequal rollouts so every sample counts alike.
 
 This is the reference: plain torch, autograd, torch.optim.Adam, the policy acting in the rank. It is what
-`algo.fast=false` runs end to end. With `algo.fast=true` (the default), rlrun/fast/ swaps some of its parts
-(`learner`, `optimizer` and `clip_grad_norm_`, `policy`, `collect_steps`) for faster ones with the same signatures;
-rlrun/fast/__init__.py says which and why.
+`algo.fast=false` runs end to end. With `algo.fast=true` (the default), rlrun/fast/ swaps some of its declared parts
+(PPOParts) for faster ones with the same signatures; rlrun/fast/__init__.py says which and why.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from rlrun.algos.configs import PPOConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import RunningMoments, float_entries, normalize_advantages, weighted_mean_all
+from rlrun.algos.parts import Acting, ClipGradNorm, MakeOptimizer, adam
 from rlrun.algos.protocol import Annealed, EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
@@ -101,6 +102,18 @@ class PPOLearner(nn.Module):
 CollectSteps = Callable[[VectorEnv, np.ndarray, Callable[[int], bool] | None], tuple[np.ndarray, list[Episodes], int]]
 
 
+@dataclass
+class PPOParts:
+    """What an acceleration may replace in PPO (rlrun/algos/parts.py), each with a part of the same signature. PPO
+    builds them from this file's code and calls them through here."""
+
+    learner: nn.Module  # forward(**minibatch) -> (loss, stats), as PPOLearner; what DDP wraps (wrap_learner)
+    make_optimizer: MakeOptimizer  # over PPO.trained, on first use
+    clip_grad_norm_: ClipGradNorm
+    policy: Acting  # what acts while collecting (feedforward models; a recurrent one acts itself)
+    collect_steps: CollectSteps  # the steps of a rollout, into PPO.rollout
+
+
 class PPO:
     """Collects rollouts from a vector env and updates the actor-critic. Knows nothing of ranks: cross-rank
     statistics go through `reductions.mean_all`, and the caller wraps `learner` (wrap_learner) in DDP."""
@@ -116,11 +129,14 @@ class PPO:
         self.model_spec = (model_cfg, obs_space, action_space)  # what env workers build their copies from
         self.model = build_actor_critic(model_cfg, obs_space, action_space).to(device)
         self.recurrent = isinstance(self.model, RecurrentActorCritic)
-        self.learner: nn.Module = PPOLearner(self.model, cfg)
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
-        self.clip_grad_norm_ = nn.utils.clip_grad_norm_  # (parameters, max_norm) -> the norm before clipping
-        self.policy: nn.Module = self.model  # what acts while collecting: .act(obs), .value(obs) (feedforward)
-        self.collect_steps: CollectSteps = self._act_and_step
+        self.parts = PPOParts(
+            learner=PPOLearner(self.model, cfg),
+            make_optimizer=adam(cfg.lr, cfg.adam_eps),
+            clip_grad_norm_=nn.utils.clip_grad_norm_,
+            policy=self.model,
+            collect_steps=self._act_and_step,
+        )
         # integer actions: an index (Discrete), or one per component (MultiDiscrete, MultiBinary)
         discrete = isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         self.obs_dtype = observation_dtype(obs_space.shape, obs_space.dtype)
@@ -147,9 +163,8 @@ class PPO:
 
     @functools.cached_property
     def optimizer(self) -> torch.optim.Optimizer:
-        """Adam over the trained parameters, built on first use: when an acceleration puts another in its place
-        first, torch._dynamo, which torch.optim's optimizers import when built (a second of start-up), never loads."""
-        return torch.optim.Adam(self.trained, lr=self.cfg.lr, eps=self.cfg.adam_eps)
+        """The parts' optimizer over the trained parameters, built on first use."""
+        return self.parts.make_optimizer(self.trained)
 
     @property
     def steps_per_collect(self) -> int:
@@ -163,7 +178,7 @@ class PPO:
         return self.steps_per_collect // c.num_minibatches, c.num_minibatches, c.update_epochs
 
     def wrap_learner(self, wrap: Wrap) -> None:
-        self.learner = wrap(self.learner, self.trained)
+        self.parts.learner = wrap(self.parts.learner, self.trained)
 
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs
@@ -190,7 +205,7 @@ class PPO:
         """(action, log-prob, value) for the envs `envs` at rollout step t; a recurrent policy steps their
         states on, reset where the previous step ended an episode."""
         if not self.recurrent:
-            return self.policy.act(x)
+            return self.parts.policy.act(x)
         r = self.rollout
         if t > 0:
             self.starts[envs] = torch.as_tensor(r.terminated_np[t - 1, envs] | r.truncated_np[t - 1, envs])
@@ -203,7 +218,7 @@ class PPO:
         (reset where `starts`; by default not: a final observation continues its episode), without keeping it."""
         x = self.preprocess(obs)
         if not self.recurrent:
-            return self.policy.value(x)
+            return self.parts.policy.value(x)
         idx = torch.as_tensor(np.arange(self.num_envs)[envs], device=self.device)
         starts = torch.zeros_like(idx, dtype=torch.bool) if starts is None else starts
         return self.model.value(x, self.state[idx], starts)
@@ -241,7 +256,9 @@ class PPO:
         preempting = self.finish_line is not None
         if preempting:
             self.finish_line.start()
-        self.next_obs, episodes, n = self.collect_steps(envs, self.next_obs, self._preempted if preempting else None)
+        self.next_obs, episodes, n = self.parts.collect_steps(
+            envs, self.next_obs, self._preempted if preempting else None
+        )
         if preempting:
             self.finish_line.finish()
         self.length = n
@@ -294,12 +311,12 @@ class PPO:
                     mean_all = weighted_mean_all(self.mean_all, weights[j])
                 if c.norm_adv:  # per minibatch, over all ranks' minibatches
                     minibatch["advantages"] = normalize_advantages(minibatch["advantages"], mean_all)
-                loss, stats = self.learner(**minibatch)
+                loss, stats = self.parts.learner(**minibatch)
                 if weights is not None:  # DDP averages the ranks' gradients: this makes it the global mean's
                     loss, stats = loss * weights[j], stats * weights[j]
                 self.optimizer.zero_grad()
                 loss.backward()
-                require_finite(self.clip_grad_norm_(self.trained, c.max_grad_norm), "the PPO gradient norm")
+                require_finite(self.parts.clip_grad_norm_(self.trained, c.max_grad_norm), "the PPO gradient norm")
                 self.optimizer.step()
                 totals += stats
                 count += 1

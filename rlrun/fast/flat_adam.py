@@ -97,3 +97,20 @@ class FlatAdam:
         for m, v, s in zip(flat_views(self.exp_avg, self.owned), flat_views(self.exp_avg_sq, self.owned), per_param):
             m.copy_(s["exp_avg"])
             v.copy_(s["exp_avg_sq"])
+
+
+class FlatAdams:
+    """An algorithm's two optimizer parts (rlrun/algos/parts.py) over FlatAdam: `make` builds one over the given
+    parameters; `clip_grad_norm_` clips on the flat gradient of the one built last (the algorithms that clip, PPO
+    and DQN, have one optimizer; SAC's and TD3's, several, clip none)."""
+
+    def __init__(self, lr: float, eps: float):
+        self.lr, self.eps = lr, eps
+        self.last: FlatAdam | None = None
+
+    def make(self, params: list[Tensor]) -> FlatAdam:
+        self.last = FlatAdam(params, self.lr, self.eps)
+        return self.last
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> Tensor:
+        return self.last.clip_grad_norm_(parameters, max_norm)

@@ -2,13 +2,20 @@
 keeping each layer's activations, and the loss over the whole unroll is one autograd node with a hand-written
 gradient (the PPO fused loss's network and distribution parts). The reference keeps a graph of a dozen operators
 per step, and its backward walks num_steps of them: on a small MLP that is operator overhead. Nothing is
-recomputed: the gradient is taken at the activations the unroll acted with. A drop-in for A2CUnroll."""
+recomputed: the gradient is taken at the activations the unroll acted with. A drop-in for A2CUnroll.
+
+It checks itself on its first unroll (fast/selfcheck.py): before acting, its forward against the model's on the
+unroll's first observations; after it, its loss, stats and gradients against the reference's (the model's forward,
+log_prob_entropy and a2c_loss on the same rows, actions and targets). If either differs, it steps aside: the unroll
+in hand takes the reference's loss (its actions were the reference sampler's, on outputs that agreed, or the
+reference ran it whole) and every later one runs A2CUnroll.forward."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from rlrun.algos import a2c as reference
 from rlrun.algos.a2c import A2CConfig, A2CUnroll
 from rlrun.fast.fused_ppo import (
     _heads_forward,
@@ -18,7 +25,10 @@ from rlrun.fast.fused_ppo import (
     network_backward,
     twin_mlp_forward,
 )
-from rlrun.models import ActorCritic
+from rlrun.fast.selfcheck import difference, gradient_difference, gradients, steps_aside
+from rlrun.models import ActorCritic, trainable
+
+NAME, REFERENCE = "fused A2C unroll", "algos/a2c.py"
 
 
 class FusedA2CUnroll(A2CUnroll):
@@ -27,14 +37,21 @@ class FusedA2CUnroll(A2CUnroll):
     def __init__(self, model: ActorCritic, *args, **kwargs):
         super().__init__(model, *args, **kwargs)
         self.params = fused_params(model)
-        self.policy = _Recorded(model, self.params)
+        self.policy = self.recorded = _Recorded(model, self.params)
+        self.fused, self.checked = True, False  # whether it runs fused; whether it has checked itself
 
     @torch.no_grad()
     def value_of(self, obs, envs=slice(None)) -> Tensor:
         """As the reference's, without the mode switch (rlrun's MLP behaves the same in both modes)."""
+        if not self.fused:
+            return super().value_of(obs, envs)
         return self.policy(self.preprocess(obs), keep=False)[1]
 
     def forward(self, envs, obs):
+        if not self.checked and self._steps_aside(self._forward_difference(obs)):
+            self.checked = True  # before it acted: the reference runs this unroll whole, and every later one
+        if not self.fused:
+            return super().forward(envs, obs)
         self.policy.steps.clear()
         with torch.no_grad():
             outs, values, actions, next_obs, episodes = self.run(envs, obs)
@@ -45,7 +62,46 @@ class FusedA2CUnroll(A2CUnroll):
         m = self.model
         flat = (outs.flatten(0, 1), values.flatten(), actions.flatten(0, 1), advantages.flatten(), returns.flatten())
         loss, stats = _FusedA2CLoss.apply(self.cfg, m.trunk.relu, x, acts, *flat, *self.params)
+        if not self.checked:
+            self.checked = True
+            loss, stats, values = self._checked(loss, stats, values, x, *flat[2:])
         return loss, self.with_explained_variance(stats, values, returns), next_obs, episodes
+
+    def _checked(self, loss: Tensor, stats: Tensor, values: Tensor, x: Tensor, *rows: Tensor):
+        """(loss, stats, values [T, N]): the fused ones, or the reference's on the same rows x [T * N, ...], with the
+        same `rows` (actions, advantages, returns), if they differ in loss, stats or gradients."""
+        ref_loss, ref_stats, ref_values = self._reference_loss(x, *rows)
+        params = trainable(self.model)
+        diff = max(
+            difference(loss, ref_loss),
+            difference(stats, ref_stats),
+            gradient_difference(gradients(loss, params, keep=True), gradients(ref_loss, params, keep=True)),
+        )
+        if self._steps_aside(diff):
+            return ref_loss, ref_stats, ref_values.detach().view_as(values)
+        return loss, stats, values
+
+    @torch.no_grad()
+    def _forward_difference(self, obs) -> float:
+        """How far the fused forward is from the model's on the observations `obs` (before it acts on any)."""
+        x = self.preprocess(obs)
+        out, value = self.recorded(x, keep=False)
+        ref_out, ref_value = self.model(x)
+        return max(difference(out, ref_out), difference(value, ref_value))
+
+    def _reference_loss(self, x: Tensor, actions: Tensor, advantages: Tensor, returns: Tensor):
+        """(loss, stats, values) of the reference on the unroll's rows x [T * N, ...], with its actions and targets."""
+        out, values = self.model(x)
+        log_probs, entropy = self.model.log_prob_entropy(out, actions)
+        c = self.cfg
+        loss, stats = reference.a2c_loss(log_probs, entropy, values, advantages, returns, c.ent_coef, c.vf_coef)
+        return loss, stats, values
+
+    def _steps_aside(self, diff: float) -> bool:
+        """Whether it steps aside at this difference (saying so, once); from then on the reference runs."""
+        if self.fused and steps_aside(NAME, REFERENCE, diff):
+            self.fused, self.policy = False, self.model
+        return not self.fused
 
 
 class _Recorded(nn.Module):

@@ -1,0 +1,130 @@
+"""The self-check of the accelerations that re-write the math (the fused PPO loss, the fused A2C unroll, numpy acting):
+at its first use in a process (a run's first update or first act, and so again after every resume), each runs beside
+the reference part it replaces on the same inputs and compares what comes out. Beyond TOLERANCE it steps aside for the
+rest of the run, with one log line naming it and the size of the difference, and the reference runs, so an edit to
+algos/ or models/ is what trains. A check that passes changes nothing: it draws no random numbers (acting restores
+torch's generator) and the accelerated part's results are the ones used, computed as without the check."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger("rlrun")
+
+# float32 sums in another order (a fused gradient, numpy's matmul) differ from autograd's by about 1e-6 of the
+# quantity; 1e-4 leaves a hundredfold margin over that rounding and still catches an edit that moves a loss, a
+# gradient or a log-prob by a ten-thousandth of its size.
+TOLERANCE = 1e-4
+
+
+def difference(fast: Tensor | None, reference: Tensor | None, floor: float = 1.0) -> float:
+    """max |fast - reference| / max(max |reference|, floor): relative where the reference is large, absolute under
+    `floor`. None (a parameter a computation does not reach, so no gradient) counts as zeros."""
+    if fast is None and reference is None:
+        return 0.0
+    fast = torch.zeros_like(reference) if fast is None else fast.detach()
+    reference = torch.zeros_like(fast) if reference is None else reference.detach()
+    if fast.shape != reference.shape:
+        return float("inf")
+    scale = max(float(reference.abs().max()) if reference.numel() else 0.0, floor)
+    return float((fast.double() - reference.double()).abs().max()) / scale if fast.numel() else 0.0
+
+
+def gradients(loss: Tensor, params: Sequence[nn.Parameter], keep: bool = False) -> tuple[Tensor | None, ...]:
+    """d loss / d params without touching .grad (so DDP's hooks and the optimizer see nothing); None where the loss
+    does not reach a parameter. `keep`: the graph stays for the backward that follows."""
+    return torch.autograd.grad(loss, list(params), retain_graph=keep, allow_unused=True)
+
+
+def gradient_difference(fast: Sequence[Tensor | None], reference: Sequence[Tensor | None]) -> float:
+    """The largest difference of one parameter's gradients, relative to that gradient's largest entry."""
+    return max((difference(a, b, floor=1e-6) for a, b in zip(fast, reference, strict=True)), default=0.0)
+
+
+def steps_aside(name: str, reference: str, diff: float) -> bool:
+    """Whether `name` steps aside at this difference from `reference`; if so, it says so in one line."""
+    if not diff <= TOLERANCE:  # also when the difference is NaN
+        log.warning("%s differs from %s by %.1e: running the reference", name, reference, diff)
+        return True
+    return False
+
+
+class CheckedLearner(nn.Module):
+    """PPO's learner (forward(**minibatch) -> (loss, stats)): the fused loss, checked against the reference
+    learner on the first minibatch it gets, and the reference for the rest of the run if they differ."""
+
+    NAME, REFERENCE = "fused PPO loss", "algos/ppo.py"
+
+    def __init__(self, fast: nn.Module, reference: nn.Module, params: list[nn.Parameter]):
+        super().__init__()
+        self.fast, self.reference, self.params = fast, reference, params
+        self.active, self.checked = fast, False
+
+    def forward(self, **minibatch: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.checked:
+            self.checked = True
+            if steps_aside(self.NAME, self.REFERENCE, self.difference(minibatch)):
+                self.active = self.reference
+        return self.active(**minibatch)
+
+    def difference(self, minibatch: dict[str, Tensor]) -> float:
+        """The largest difference in loss, stats and gradients, on the minibatch and on a probe of it whose old
+        log-probs and values are moved off by fixed steps: at the first update every ratio is 1 and every value its
+        old one, so the clipped branches (and an edit to them) would not show on the minibatch alone."""
+        n = len(minibatch["old_log_probs"])
+        steps = (torch.arange(n, device=minibatch["old_log_probs"].device) % 3 - 1).float()  # -1, 0, 1, ...
+        probe = minibatch | {
+            "old_log_probs": minibatch["old_log_probs"] + 0.3 * steps,
+            "old_values": minibatch["old_values"] + 0.5 * steps,
+        }
+        return max(self._difference(minibatch), self._difference(probe))
+
+    def _difference(self, minibatch: dict[str, Tensor]) -> float:
+        loss, stats = self.fast(**minibatch)
+        ref_loss, ref_stats = self.reference(**minibatch)
+        outputs = max(difference(loss, ref_loss), difference(stats, ref_stats))
+        return max(outputs, gradient_difference(gradients(loss, self.params), gradients(ref_loss, self.params)))
+
+
+class CheckedPolicy:
+    """PPO's acting part (.act, .value): numpy acting, checked against the model's act on the first observations
+    it acts on (the same noise: torch's generator is put back between the two), and the model for the rest of the
+    run if their actions, log-probs or values differ."""
+
+    NAME, REFERENCE = "numpy acting", "models/ (ActorCritic.act)"
+
+    def __init__(self, fast, reference: nn.Module):
+        self.fast, self.reference = fast, reference
+        self.active, self.checked = fast, False
+
+    def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.checked:
+            return self.active.act(obs)
+        before = torch.get_rng_state()
+        expected = self.reference.act(obs)
+        after_reference = torch.get_rng_state()
+        torch.set_rng_state(before)
+        ours = self.fast.act(obs)
+        if self._agrees(ours, expected):
+            return ours
+        torch.set_rng_state(after_reference)  # the generator as the reference left it: the reference's run
+        return expected
+
+    def value(self, obs: Tensor) -> Tensor:
+        if self.checked:
+            return self.active.value(obs)
+        # Values asked before any action: the rollout acts elsewhere (env workers) and only bootstraps here.
+        ours, expected = self.fast.value(obs), self.reference.value(obs)
+        return ours if self._agrees((ours,), (expected,)) else expected
+
+    def _agrees(self, ours: tuple[Tensor, ...], expected: tuple[Tensor, ...]) -> bool:
+        """Whether numpy acting stays, after its check on these outputs (of act or value)."""
+        self.checked = True
+        diff = max(difference(a.double(), b.double()) for a, b in zip(ours, expected, strict=True))
+        if steps_aside(self.NAME, self.REFERENCE, diff):
+            self.active = self.reference
+        return self.active is self.fast

@@ -1,0 +1,174 @@
+"""The accelerations that re-write the math (fused PPO loss, fused A2C unroll, numpy acting) check themselves against
+the reference at their first use (rlrun/fast/selfcheck.py): a researcher's edit to algos/ or models/, simulated here
+by replacing the reference function or class in-process as an edit of the file would, makes the run say which one
+stepped aside and train what the reference path (algo.fast=false) trains; an unedited run says nothing and equals,
+bit for bit, the run of the same accelerations without their checks."""
+
+import logging
+import re
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from rlrun.algos import A2CConfig, PPOConfig, build_algo
+from rlrun.algos import a2c as a2c_module
+from rlrun.algos import ppo as ppo_module
+from rlrun.algos.protocol import EnvSpec
+from rlrun.config import EnvConfig, ModelConfig
+from rlrun.envs import SyncEnvs, env_seeds, make_env
+from rlrun.fast import accelerate
+from rlrun.models import actor_critic as actor_critic_module
+from rlrun.models import distributions as D
+from rlrun.models import encoders
+from rlrun.models.encoders import TwinMLP
+
+LINE = re.compile(r"(.+) differs from (.+) by (\d\.\de[-+]\d\d): running the reference")
+PPO_SMALL = PPOConfig(num_steps=32, num_minibatches=2, update_epochs=2)
+
+
+def train(cfg, fast: bool, iterations: int = 3, unchecked: bool = False) -> tuple[list[torch.Tensor], list[str]]:
+    """The parameters after `iterations` collects and updates on CartPole (4 envs, seed 1), accelerated as training
+    does when `fast`; and the accelerations that applied. `unchecked`: the accelerations without their self-checks
+    (as they ran before them)."""
+    envs = SyncEnvs([make_env(EnvConfig(), train=True) for _ in range(4)])
+    try:
+        torch.manual_seed(1)
+        spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 4)
+        algo = build_algo(replace(cfg, fast=fast), ModelConfig(), spec, torch.device("cpu"))
+        applied = accelerate(algo, envs)
+        if unchecked:
+            parts = algo.parts
+            if hasattr(parts.learner, "fast"):  # PPO's checked learner and policy hold the unchecked parts
+                parts.learner, parts.policy = parts.learner.fast, parts.policy.fast
+            else:
+                parts.learner.checked = True  # A2C's fused unroll: as if checked
+        algo.start(envs.reset(seed=env_seeds(1, 0, 4))[0])
+        for i in range(iterations):
+            algo.collect(envs, i / iterations)
+            algo.update(progress=i / iterations)
+        return [p.detach().clone() for p in algo.model.parameters()], applied
+    finally:
+        envs.close()
+
+
+def stepped_aside(caplog) -> dict[str, float]:
+    """{acceleration: difference} of the self-check lines logged, each at most once."""
+    found = [LINE.fullmatch(r.getMessage()) for r in caplog.records]
+    names = [m[1] for m in found if m]
+    assert len(names) == len(set(names)), names
+    return {m[1]: float(m[3]) for m in found if m}
+
+
+def assert_trains_the_reference(cfg, caplog, expected: set[str]) -> None:
+    """The accelerated run steps `expected` aside, each with one line, and ends where the reference path does."""
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        fast, applied = train(cfg, fast=True)
+    lines = stepped_aside(caplog)
+    assert set(lines) == expected and all(d > 1e-4 for d in lines.values()), lines
+    assert expected <= set(applied)
+    reference, _ = train(cfg, fast=False)
+    for a, b in zip(fast, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def huber_value_loss(values, old_values, returns, clip: float, clip_vloss: bool):
+    """value_loss as a researcher might edit it: Huber instead of the squared error."""
+    return nn.functional.smooth_l1_loss(values, returns)
+
+
+def test_an_edited_ppo_value_loss_is_what_trains(monkeypatch, caplog):
+    monkeypatch.setattr(ppo_module, "value_loss", huber_value_loss)
+    assert_trains_the_reference(PPO_SMALL, caplog, {"fused PPO loss"})
+
+
+def test_an_edited_ppo_clipping_shows_although_every_first_ratio_is_one(monkeypatch, caplog):
+    """At the first minibatch no ratio leaves the clip range: the check's probe moves the old log-probs off it."""
+    reference = ppo_module.clipped_surrogate_loss
+    monkeypatch.setattr(
+        ppo_module, "clipped_surrogate_loss", lambda log_ratio, adv, clip: reference(log_ratio, adv, 0.1)
+    )
+    assert_trains_the_reference(PPO_SMALL, caplog, {"fused PPO loss"})
+
+
+class NormedTwinMLP(TwinMLP):
+    """TwinMLP with a LayerNorm after its first layer, as a researcher might add one in models/encoders.py."""
+
+    def __init__(self, in_dim: int, hidden_sizes: list[int], activation: str):
+        super().__init__(in_dim, hidden_sizes, activation)
+        self.norm = nn.LayerNorm(hidden_sizes[0])
+
+    def forward(self, x):
+        h = self.norm(self.activation(self.first(x.flatten(1).float())).view(len(x), 2, -1)).transpose(0, 1)
+        for w, b in zip(self.weights, self.biases):
+            h = self.activation(torch.baddbmm(b, h, w))
+        return h[0], h[1]
+
+
+@pytest.mark.parametrize("cfg", [PPO_SMALL, A2CConfig(num_steps=8)], ids=["ppo", "a2c"])
+def test_a_layer_added_to_the_mlp_is_what_trains(cfg, monkeypatch, caplog):
+    monkeypatch.setattr(actor_critic_module, "TwinMLP", NormedTwinMLP)
+    expected = {"fused PPO loss", "numpy acting"} if isinstance(cfg, PPOConfig) else {"fused A2C unroll"}
+    assert_trains_the_reference(cfg, caplog, expected)
+
+
+def test_an_edited_a2c_loss_is_what_trains(monkeypatch, caplog):
+    reference = a2c_module.a2c_loss
+
+    def halved_value_loss(log_probs, entropy, values, advantages, returns, ent_coef, vf_coef):
+        return reference(log_probs, entropy, values, advantages, returns, ent_coef, vf_coef / 2)
+
+    monkeypatch.setattr(a2c_module, "a2c_loss", halved_value_loss)
+    assert_trains_the_reference(A2CConfig(num_steps=8), caplog, {"fused A2C unroll"})
+
+
+class SharperTanh(nn.Module):
+    def forward(self, x):
+        return torch.tanh(1.5 * x)
+
+
+def greedy_sample(log_p, noise=None):
+    """categorical_sample edited to act greedily (and so to draw no noise: the random stream moves otherwise)."""
+    return log_p.argmax(-1)
+
+
+@pytest.mark.parametrize("edit", ["activation", "sampling"])
+def test_numpy_acting_steps_aside_for_an_edited_model(edit, monkeypatch, caplog):
+    """An activation edited in models/encoders.py (the fused loss steps aside too), or the categorical sampler edited
+    in models/distributions.py, which only acting shows."""
+    if edit == "activation":
+        monkeypatch.setitem(encoders.ACTIVATIONS, "tanh", SharperTanh)
+        expected = {"numpy acting", "fused PPO loss"}
+    else:
+        monkeypatch.setattr(D, "categorical_sample", greedy_sample)
+        expected = {"numpy acting"}
+    assert_trains_the_reference(PPO_SMALL, caplog, expected)
+
+
+@pytest.mark.parametrize("cfg", [PPOConfig(num_steps=32), A2CConfig(num_steps=8)], ids=["ppo", "a2c"])
+def test_an_unedited_run_passes_its_checks_and_equals_the_unchecked_run(cfg, caplog):
+    with caplog.at_level(logging.DEBUG, logger="rlrun"):
+        checked, applied = train(cfg, fast=True)
+    assert stepped_aside(caplog) == {}
+    assert {"fused PPO loss", "numpy acting", "fused A2C unroll"} & set(applied)
+    unchecked, _ = train(cfg, fast=True, unchecked=True)
+    for a, b in zip(checked, unchecked, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_numpy_values_alone_are_checked_too(monkeypatch, caplog):
+    """With acting in env workers, the rank asks numpy acting only for bootstrap values: the check runs on those."""
+    from rlrun.fast.numpy_policy import NumpyPolicy
+    from rlrun.fast.selfcheck import CheckedPolicy
+    from rlrun.models import build_actor_critic
+
+    monkeypatch.setitem(encoders.ACTIVATIONS, "tanh", SharperTanh)
+    env = make_env(EnvConfig(), train=True)()
+    model = build_actor_critic(ModelConfig(), env.observation_space, env.action_space)
+    policy, obs = CheckedPolicy(NumpyPolicy(model), model), torch.randn(6, 4)
+    with caplog.at_level(logging.WARNING, logger="rlrun"), torch.no_grad():
+        assert torch.equal(policy.value(obs), model.value(obs))
+        assert torch.equal(policy.value(obs), model.value(obs))
+    assert set(stepped_aside(caplog)) == {"numpy acting"}
+    env.close()
