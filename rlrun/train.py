@@ -8,6 +8,7 @@ import math
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,9 +29,9 @@ def train(
     run_dir: Path,
     ctx: RankContext,
     config_yaml: str,
-    resume_state: dict | None = None,
+    resume_state: dict[str, Any] | None = None,
     overrides: tuple[str, ...] = (),
-) -> dict:
+) -> dict[str, Any]:
     """Train on this rank; returns the summary (written to run_dir/summary.json by the main rank)."""
     run = Run(cfg, run_dir, ctx, config_yaml, resume_state, tuple(overrides))
     configure_torch(cfg, ctx)
@@ -51,7 +52,7 @@ def train(
         close_parts(run, local)
 
 
-def _stopped_at_once(run: Run, local: LocalParts, e: StopNow) -> dict:
+def _stopped_at_once(run: Run, local: LocalParts, e: StopNow) -> dict[str, Any]:
     resume = resume_line(run.run_dir)
     stopped = {"status": "interrupted", "signal": e.signum, "stopped": "at once (a second signal)"}
     if local.record.started or run.resume_state is None:  # a resume stopped before it trained leaves it as it was
@@ -92,7 +93,7 @@ class Loop:
         self.recovery = Recovery(run, parts, self.at, self.checkpoints.run_state)
         self.eval_returns: np.ndarray | None = None  # the last evaluation's
 
-    def train(self) -> dict:
+    def train(self) -> dict[str, Any]:
         """Train to the end or a stop; returns the summary."""
         self.parts.record.start_training()
         try:
@@ -122,7 +123,7 @@ class Loop:
                 return int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
         return None
 
-    def _collect_and_update(self) -> tuple[dict, dict[str, float]]:
+    def _collect_and_update(self) -> tuple[dict[str, Any], dict[str, float]]:
         parts, at, progress = self.parts, self.at, self.progress(self.at.env_steps)
         torch.set_num_threads(parts.collect_threads)
         with _nonfinite_context(f"in the iteration from env step {at.env_steps:,} on rank {self.run.ctx.rank}"):

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, fields
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ class Run:
     run_dir: Path
     ctx: RankContext
     config_yaml: str
-    resume_state: dict | None = None
+    resume_state: dict[str, Any] | None = None
     overrides: tuple[str, ...] = ()
 
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -66,7 +67,7 @@ class Checkpoints:
         state |= {"ranks": ctx.all_gather(own), "run_log": self.run_log.state()}
         return self.parts.checkpointer.save(state | self.run_state(at.env_steps), at.env_steps)
 
-    def run_state(self, env_steps: int) -> dict:
+    def run_state(self, env_steps: int) -> dict[str, Any]:
         """What the run as a whole carries across sessions: its record so far, its iteration size and schedule."""
         record = self.parts.record.checkpoint(env_steps, self.clock.seconds(), self.run_log.episodes)
         return {"record": record, "steps_per_iteration": self.per_iteration, "schedule": self.progress.state()}
@@ -89,33 +90,40 @@ def resume(run: Run, parts: Parts, run_log: RunLog, per_iteration: int) -> tuple
     return Position(state["env_steps"], state["iteration"]), progress
 
 
-def _restore(state: dict, run: Run, parts: Parts, run_log: RunLog) -> bool:
+def _restore(state: dict[str, Any], run: Run, parts: Parts, run_log: RunLog) -> bool:
     """Continue from a checkpoint: shared state for all, and each rank's own RNG, envs, cursor and replay, and the
     run log's episodes not logged yet. Returns whether this rank's replay was restored."""
     cfg, ctx, algo = run.cfg, run.ctx, parts.algo
     algo.load_state_dict(state["algo"])
     ranks = state["ranks"]
-    mine = ranks[ctx.rank] if len(ranks) == ctx.world_size else None
-    if mine:
-        set_rng_state(mine, ctx.device)
-        run_log.load_state(state.get("run_log"), ranks)
-    else:
+    # This rank's own state, in a checkpoint of this world size (a recovery checkpoint holds none).
+    mine: dict[str, Any] | None = (ranks[ctx.rank] if len(ranks) == ctx.world_size else None) or None
+    if mine is None:  # another world size, or a recovery checkpoint: fresh episodes on a new seed stream
         torch.manual_seed(torch_seed(cfg.seed, ctx.rank, RESUMED, state["iteration"]))
-    shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank) if mine else None
-    exact = mine is not None and mine["envs"] is not None
+        _fresh_episodes(run, parts, state["iteration"])
+        return False
+    set_rng_state(mine, ctx.device)
+    run_log.load_state(state.get("run_log"), ranks)
+    shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank)
+    exact = mine["envs"] is not None
     if exact:
         parts.envs.set_env_state(mine["envs"])
     if exact or shard is not None:  # with a replay and reset envs, the cursor is where its open episodes end
         algo.load_rank_state(mine["cursor"])
     if shard is not None:  # this rank's replay, when it was checkpointed
         algo.load_shard_state(shard)
-    if not exact:  # envs without plain-data state, or another world size: fresh episodes on a new seed stream
-        seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs, stream=2 + state["iteration"])
-        algo.start(parts.envs.reset(seed=seeds)[0])
+    if not exact:  # envs without plain-data state
+        _fresh_episodes(run, parts, state["iteration"])
     return shard is not None
 
 
-def _env_state(envs: VectorEnv) -> list | None:
+def _fresh_episodes(run: Run, parts: Parts, iteration: int) -> None:
+    """Reset the envs on the seed stream of a resume at `iteration` and start collecting from there."""
+    seeds = env_seeds(run.cfg.seed, run.ctx.rank, run.cfg.env.num_envs, stream=2 + iteration)
+    parts.algo.start(parts.envs.reset(seed=seeds)[0])
+
+
+def _env_state(envs: VectorEnv) -> list[Any] | None:
     """The envs' own state for exact resume, or None when any env cannot be restored."""
     state = envs.get_env_state()
     return None if any(s is None for s in state) else state
@@ -130,7 +138,7 @@ class Recovery:
     whole but may hold the minibatches stepped before the loss (a partial update, as an early target-KL stop
     makes), counted at the last boundary. Nor written when nothing was trained since the last checkpoint."""
 
-    def __init__(self, run: Run, parts: Parts, start: Position, run_state: Callable[[int], dict]) -> None:
+    def __init__(self, run: Run, parts: Parts, start: Position, run_state: Callable[[int], dict[str, Any]]) -> None:
         self.checkpointer, self.logger, self.algo = parts.checkpointer, parts.logger, parts.algo
         self.config_yaml, self.run_dir, self.run_state = run.config_yaml, run.run_dir, run_state
         self.start_iteration = start.iteration

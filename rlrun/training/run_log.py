@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ class RunLog:
         self.total_steps, self.total_cut = self.steps.copy(), self.cut.copy()
         self.rollouts = 0  # since the last log line
 
-    def gather(self, stop_requested: bool, collected: dict, stats: dict[str, float]) -> Gathered:
+    def gather(self, stop_requested: bool, collected: dict[str, Any], stats: dict[str, float]) -> Gathered:
         """The iteration's one collective: each rank's report (whether it was asked to stop, what its collect
         returned, the stats its update returned) on every rank. Every rank calls it at every iteration, with stats
         of the same names (an update's are the same on every rank)."""
@@ -101,7 +102,7 @@ class RunLog:
         }
 
     def _preemption_metrics(self) -> dict[str, float]:
-        out = {f"preemption/steps_rank{r}": int(n) for r, n in enumerate(self.steps)}
+        out: dict[str, float] = {f"preemption/steps_rank{r}": int(n) for r, n in enumerate(self.steps)}
         out |= {f"preemption/preempted_rank{r}": int(n) for r, n in enumerate(self.cut)}
         out["preemption/preempted_steps"] = int(self.rollouts * self.full * len(self.steps) - self.steps.sum())
         self.total_steps += self.steps
@@ -113,7 +114,7 @@ class RunLog:
         self._preemption_metrics()  # the last interval into the totals
         return {"env_steps_per_rank": self.total_steps.tolist(), "preempted_per_rank": self.total_cut.tolist()}
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """What a checkpoint carries of the run log (the same on every rank): the episodes not logged yet, and how
         many each rank has had."""
         p = self.pending
@@ -124,7 +125,7 @@ class RunLog:
             "episodes_per_rank": self.episodes_per_rank.tolist(),
         }
 
-    def load_state(self, saved: dict | None, ranks: list[dict]) -> None:
+    def load_state(self, saved: dict[str, Any] | None, ranks: list[dict[str, Any]]) -> None:
         """Continue from a checkpoint of this world size (`ranks`: each rank's own state in it). One from before
         the run log kept each rank's episodes not logged yet, and its count, in the rank's own state."""
         if saved is None:
@@ -148,7 +149,7 @@ class Ending:
     eval_returns: np.ndarray | None  # the last evaluation's
 
 
-def summary(run: Run, parts: Parts, run_log: RunLog, end: Ending) -> dict:
+def summary(run: Run, parts: Parts, run_log: RunLog, end: Ending) -> dict[str, Any]:
     """summary.json: the run over all its sessions. Its one collective, the parameters' digests, ends the run."""
     cfg, ctx, interrupted = run.cfg, run.ctx, end.signal is not None
     ended = "completed" if end.signal is None else f"interrupted by signal {end.signal}"
@@ -177,7 +178,7 @@ def summary(run: Run, parts: Parts, run_log: RunLog, end: Ending) -> dict:
     }
 
 
-def log_end(logger: RunLogger | NullLogger, summary: dict, run_dir: Path, end: Ending) -> None:
+def log_end(logger: RunLogger | NullLogger, summary: dict[str, Any], run_dir: Path, end: Ending) -> None:
     """The run's last lines: how to continue it, or what it did."""
     if end.signal is not None:
         logger.info("stopped by signal %d at %d env steps; checkpoint %s", end.signal, end.env_steps, end.checkpoint)
@@ -212,7 +213,7 @@ def _metric_name(stat: str) -> str:
     return _METRIC_NAMES.get(stat, stat if "/" in stat else f"losses/{stat}")
 
 
-def _eval_summary(returns: np.ndarray | None) -> dict:
+def _eval_summary(returns: np.ndarray | None) -> dict[str, Any]:
     if returns is None:
         return {"eval_return_mean": None, "eval_return_std": None, "eval_episodes": None}
     return {
