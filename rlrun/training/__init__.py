@@ -1,3 +1,3 @@
-"""One training run on one rank, one concern per module: the signals that stop it (signals), its parts built in order
-(parts), the loop over them (loop), what it logs and sums up (run_log), and its checkpoints: writing, resuming,
-recovering (resume). rlrun/train.py is the entry point that ties them together."""
+"""What the training loop (rlrun/train.py) runs on, one concern per module: the signals that stop a run (signals), its
+parts built in order into one bundle (parts), what it logs and sums up, gathered once per iteration (run_log), and its
+checkpoints: writing, resuming, recovering (resume). Nothing here imports rlrun.train."""
