@@ -19,8 +19,8 @@ from rlrun.envs import env_seeds
 from rlrun.errors import Fault, NonFiniteError
 from rlrun.run_folder import newest_line, resume_line
 from rlrun.training.parts import LocalParts, Parts, Run, build_parts, close_parts, configure_torch, open_parts
-from rlrun.training.resume import Checkpoints, Clock, Recovery, resume
-from rlrun.training.run_log import Ending, RunLog, eval_metrics, log_end, log_interval, summary
+from rlrun.training.resume import Checkpoints, Recovery, resume
+from rlrun.training.run_log import Clock, Ending, RunLog, eval_metrics, log_end, log_interval, summary
 from rlrun.training.signals import StopNow
 
 

@@ -3,7 +3,6 @@ from one, and the recovery checkpoint a failed run leaves."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +15,11 @@ from rlrun.checkpoint import load_shard, rng_state, save_shard, set_rng_state
 from rlrun.distributed import is_peer_loss
 from rlrun.envs import env_seeds
 from rlrun.errors import Fault, NonFiniteError
-from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.run_folder import resume_command
 from rlrun.schedule import Progress, continuation_lines, resumed_progress
 from rlrun.seeding import RESUMED, torch_seed
 from rlrun.training.parts import Parts, Run
-from rlrun.training.run_log import RunLog
+from rlrun.training.run_log import Clock, RunLog
 
 
 @dataclass
@@ -30,19 +28,6 @@ class Position:
 
     env_steps: int = 0
     iteration: int = 0
-
-
-class Clock:
-    """Training's own seconds since the loop started, evaluations left out (SPS counts them alone)."""
-
-    def __init__(self, start_steps: int, evaluator: Evaluator | NullEvaluator) -> None:
-        self.start, self.start_steps, self.evaluator = time.perf_counter(), start_steps, evaluator
-
-    def seconds(self) -> float:
-        return time.perf_counter() - self.start - self.evaluator.seconds
-
-    def sps(self, env_steps: int) -> float:
-        return (env_steps - self.start_steps) / self.seconds()
 
 
 class Checkpoints:

@@ -4,6 +4,7 @@ every rank; the main rank's logger writes them), and the run's summary."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from rlrun.distributed import RankContext, parameter_digest, requeue_count, restart_count
+from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import resume_line
 from rlrun.training.parts import Parts, Run
@@ -37,6 +39,19 @@ class Episodes:
     count: int = 0
     return_sum: float = 0.0
     length_sum: int = 0
+
+
+class Clock:
+    """Training's own seconds since the loop started, evaluations left out (SPS counts them alone)."""
+
+    def __init__(self, start_steps: int, evaluator: Evaluator | NullEvaluator) -> None:
+        self.start, self.start_steps, self.evaluator = time.perf_counter(), start_steps, evaluator
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start - self.evaluator.seconds
+
+    def sps(self, env_steps: int) -> float:
+        return (env_steps - self.start_steps) / self.seconds()
 
 
 class RunLog:
