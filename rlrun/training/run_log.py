@@ -57,8 +57,9 @@ class Clock:
 class RunLog:
     """The metrics every rank holds alike, from one gather() per iteration: the episodes since the last log line
     and each rank's count, the last update's stats averaged over ranks, and with straggler preemption each rank's
-    env steps and rollouts cut short, between log lines and in all. Logging from it needs no collective, so only
-    the main rank may log, evaluate or skip a line without a hang."""
+    env steps and rollouts cut short, between log lines and in all. A log line from it needs no collective, so
+    evaluating or writing on the main rank alone cannot hang the others (every rank still makes each line, which
+    keeps their episode counts equal)."""
 
     def __init__(self, ctx: RankContext, full_rollout: int) -> None:
         w = ctx.world_size
