@@ -15,7 +15,7 @@ from rlrun.checkpoint import rng_devices
 from rlrun.config import EnvConfig, TrainConfig
 from rlrun.envs import check_env_id, env_seeds, finished_episodes, import_env_modules, make_vector_env
 from rlrun.errors import NonFiniteError
-from rlrun.logger import NullLogger
+from rlrun.logger import NullLogger, RunLogger
 from rlrun.seeding import EVALUATION, torch_seed
 
 
@@ -73,11 +73,12 @@ class Evaluator:
     """The main rank's evaluation: eval.episodes whole episodes on envs of its own (on the training envs' backend,
     so stepped in parallel where those are), each at most eval.max_episode_steps long, acting with the algorithm,
     drawing nothing from the training RNG streams and using no collective. It says what it does and how far it
-    is through `logger` (a RunLogger, set once made), and keeps the seconds it took (`seconds`), which the run's
-    SPS leaves out."""
+    is through the logger it reports to (report_to: the RunLogger, once made), and keeps the seconds it took
+    (`seconds`), which the run's SPS leaves out."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
-        self.cfg, self.device, self.logger = cfg, device, NullLogger()
+        self.cfg, self.device = cfg, device
+        self.logger: RunLogger | NullLogger = NullLogger()
         import_env_modules(cfg.env.imports)
         check_env_id(cfg.env.id)
         self.cap = cfg.eval.max_episode_steps
@@ -108,6 +109,9 @@ class Evaluator:
         self.logger.eval_finished(len(returns), seconds, capped, self.cap)
         return returns
 
+    def report_to(self, logger: RunLogger | NullLogger) -> None:
+        self.logger = logger
+
     def check_alive(self) -> None:
         """A dead eval worker is reported at the iteration it died in, not at the next evaluation (maybe hours
         later)."""
@@ -118,13 +122,13 @@ class Evaluator:
 
 
 class NullEvaluator:
-    """The other ranks': they evaluate nothing."""
+    """The other ranks': they evaluate nothing (Evaluator's methods, doing nothing)."""
 
     seconds = 0.0
-    logger = None
 
     def __call__(self, algo: Algorithm, should_stop: Callable[[], bool] | None = None) -> None:
         return None
 
+    def report_to(self, logger: RunLogger | NullLogger) -> None: ...
     def check_alive(self) -> None: ...
     def close(self) -> None: ...

@@ -79,12 +79,22 @@ def _os_error(e: BaseException | None) -> OSError | None:
     return None
 
 
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in `run_dir` from its newest checkpoint."""
+    return f"rlrun train resume={run_dir}"
+
+
+def resume_line(run_dir: Path) -> str | None:
+    """resume_command, when `run_dir` has a checkpoint to continue from."""
+    return resume_command(run_dir) if list_checkpoints(run_dir / "checkpoints") else None
+
+
 def newest_line(run_dir: Path) -> str:
     """What a failed run leaves to continue from: its newest complete checkpoint and the line that resumes it."""
     found = list_checkpoints(run_dir / "checkpoints")
     if not found:
         return "no checkpoint was written before it"
-    return f"newest complete checkpoint: {found[-1]}; continue with: rlrun train resume={run_dir}"
+    return f"newest complete checkpoint: {found[-1]}; continue with: {resume_command(run_dir)}"
 
 
 LOCK_NAME = ".rlrun.lock"

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from rlrun.algos.ppo import PPO, PPOConfig
-from rlrun.algos.protocol import EnvSpec, Reductions
+from rlrun.algos.protocol import EnvSpec, Reductions, episodes_of
 from rlrun.config import ModelConfig
 from rlrun.distributed import RankContext
-from rlrun.train import update_metrics
+from rlrun.training.run_log import RunLog
 from tests.conftest import cli_env, free_port, on_gloo_ranks, read_jsonl, rlrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -60,7 +60,9 @@ def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor]
     algo.rollout.initial_state.copy_(torch.randn(4, state_size, generator=g)[cols])
     algo.wrap_learner(ctx.wrap)
     stats = algo.update(progress=0.0)
-    return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape, update_metrics(stats, ctx.mean_all)
+    run_log = RunLog(ctx, full_rollout=8)
+    run_log.gather(False, episodes_of([], 8 * per_rank), stats)
+    return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape, run_log.update
 
 
 def _one_update_numpy(ctx: RankContext, model: str) -> tuple[list, tuple, dict]:

@@ -1,0 +1,51 @@
+"""How a run is asked to stop: the first signal at the next iteration boundary (with a checkpoint), a second one at
+once (StopNow)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+
+class StopNow(KeyboardInterrupt):
+    """A second signal: stop at once, wherever the run is (the summary is still written)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopSignal:
+    """SIGINT/SIGTERM, and SIGUSR1/SIGUSR2 (a scheduler's warning before it preempts the job or its time runs
+    out), ask the loop to stop at the next iteration boundary, where state is consistent and a final checkpoint
+    can be written (an evaluation under way ends early; a checkpoint being written is finished first); a second
+    signal raises StopNow wherever the run is. It takes the signals from listen() on; restore() puts back the
+    handlers there were before. `announce`: say what the first signal does (the main rank)."""
+
+    def __init__(self, announce: bool) -> None:
+        self.signum: int | None = None
+        self.announce = announce
+        self._previous: dict[int, Any] = {}
+
+    def listen(self) -> None:
+        if threading.current_thread() is threading.main_thread():  # not so in some sweep launchers' workers
+            signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+            self._previous = {s: signal.signal(s, self._handle) for s in signals}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is not None:
+            raise StopNow(self.signum)
+        self.signum = signum
+        if self.announce:  # os.write: a handler may run while the main thread is inside a buffered stream's write
+            name = signal.Signals(signum).name
+            line = f"\nrlrun: {name}: stopping at the end of this step with a checkpoint; Ctrl-C again to stop now\n"
+            os.write(2, line.encode())
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
