@@ -1,5 +1,5 @@
-"""The contracts between the training loop, the algorithms and the vector envs: what an algorithm is built
-from (EnvSpec, Reductions), what it offers the loop (Algorithm), and what it steps (VectorEnv)."""
+"""The contracts between the training loop and the algorithms: what an algorithm is built from (EnvSpec,
+Reductions) and what it offers the loop (Algorithm). What it steps, VectorEnv, is the envs' (rlrun/envs/protocol.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from torch import nn
 
 from rlrun.algos.normalize import MeanAll, identity
 from rlrun.buffers.replay import ONE_SHARD, Shards
+from rlrun.envs.protocol import Episodes as Episodes  # re-exported: callers may name both from here
+from rlrun.envs.protocol import VectorEnv as VectorEnv
 
 # (learner, the parameters its optimizers train) -> the learner as training calls it (in DDP when distributed)
 Wrap = Callable[[nn.Module, list[nn.Parameter]], nn.Module]
-Episodes = tuple[np.ndarray, np.ndarray]  # (returns [k], lengths [k]) of the episodes that ended
 # An annealed quantity: (its name, its value at a progress in [0, 1], the progress at which it reaches its end).
 Annealed = tuple[str, Callable[[float], float], float]
 
@@ -58,26 +59,6 @@ class Reductions:
     mean_all: MeanAll = identity
     shards: Shards = field(default=ONE_SHARD)
     finish_line: FinishLine | None = None
-
-
-class VectorEnv(Protocol):
-    """A batch of N envs with gymnasium's vector semantics (SAME_STEP autoreset: a finished episode's last
-    observation is in info["final_obs"]), stepped whole or by groups (double buffering)."""
-
-    num_envs: int
-    num_workers: int  # processes of its own stepping the envs (0: in this process)
-    single_observation_space: gym.Space
-    single_action_space: gym.Space
-    groups: list[slice]  # env ranges that step independently: send(g, ...) then recv(g)
-
-    def reset(self, seed: int | Sequence[int] | None = None) -> tuple[np.ndarray, dict]: ...
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
-    def send(self, group: int, actions: np.ndarray) -> None: ...
-    def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
-    def check_alive(self) -> None: ...
-    def get_env_state(self) -> list: ...
-    def set_env_state(self, state: list) -> None: ...
-    def close(self) -> None: ...
 
 
 class Algorithm(Protocol):
