@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ Wrap = Callable[[nn.Module, list[nn.Parameter]], nn.Module]
 Annealed = tuple[str, Callable[[float], float], float]
 
 
-def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict:
+def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict[str, Any]:
     """What a collect returns: the episodes that ended, {"episode_returns": [k], "episode_lengths": [k]}, and the
     env steps it took ("env_steps", this rank's)."""
     return {
@@ -36,8 +36,8 @@ def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict:
 class EnvSpec:
     """What an algorithm is built for: one env's spaces, the envs this rank steps, frames per observation."""
 
-    observation_space: gym.Space
-    action_space: gym.Space
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
     num_envs: int = 1
     frame_stack: int = 1  # frames stacked along an observation's first axis (stored once by a replay)
 
@@ -74,13 +74,13 @@ class Algorithm(Protocol):
     def wrap_learner(self, wrap: Wrap) -> None: ...
     def start(self, obs: np.ndarray) -> None: ...  # the observations (after a reset) collecting starts from
     # The episodes that ended and the env steps taken (episodes_of); "preempted" too when rollouts can be cut short.
-    def collect(self, envs: VectorEnv, progress: float) -> dict: ...
+    def collect(self, envs: VectorEnv, progress: float) -> dict[str, Any]: ...
     def update(self, progress: float) -> dict[str, float]: ...
     def annealed(self) -> list[Annealed]: ...  # what `progress` anneals (a resume that extends the run says it)
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray: ...
-    def state_dict(self) -> dict: ...  # shared by every rank
-    def load_state_dict(self, state: dict) -> None: ...
-    def rank_state(self) -> dict: ...  # this rank's own (where its envs are), small
-    def load_rank_state(self, state: dict) -> None: ...
-    def shard_state(self) -> dict | None: ...  # this rank's own and large (a replay shard), or None
-    def load_shard_state(self, state: dict) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...  # shared by every rank
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def rank_state(self) -> dict[str, Any]: ...  # this rank's own (where its envs are), small
+    def load_rank_state(self, state: dict[str, Any]) -> None: ...
+    def shard_state(self) -> dict[str, Any] | None: ...  # this rank's own and large (a replay shard), or None
+    def load_shard_state(self, state: dict[str, Any]) -> None: ...
