@@ -12,6 +12,7 @@ import logging
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
@@ -23,8 +24,9 @@ log = logging.getLogger("rlrun")
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- tau * online + (1 - tau) * target (tau = 1: copy) for the parameters; buffers (BatchNorm's
     statistics) are copied, as SB3 does."""
+    # torch's exponential moving average of parameter lists: one foreach lerp for them all, not one call per tensor.
+    get_ema_multi_avg_fn(1.0 - tau)(list(target.parameters()), list(online.parameters()), None)
     with torch.no_grad():
-        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)  # one call, not one per tensor
         for t, o in zip(target.buffers(), online.buffers()):
             t.copy_(o)
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -94,7 +95,7 @@ class NatureCNN(nn.Module):
         # Scaling to [0, 1] is folded into the first layer's weights: one op on a small tensor instead of one
         # on the whole batch. (.float() keeps the frames' memory layout, channels-last or not.)
         first = self.conv[0]
-        h = first._conv_forward(x.float(), first.weight / 255.0, first.bias)
+        h = F.conv2d(x.float(), first.weight / 255.0, first.bias, first.stride, first.padding)
         return self.fc(self.conv[1:](h))
 
 
