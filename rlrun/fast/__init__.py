@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 
 from rlrun.algos.a2c import A2C
-from rlrun.algos.continuous import ContinuousControl
 from rlrun.algos.dqn import DQN
 from rlrun.algos.ppo import PPO
 from rlrun.algos.protocol import Algorithm, VectorEnv
 from rlrun.algos.sac import SAC
+from rlrun.algos.td3 import TD3
 from rlrun.envs.pool import WorkerPool
 from rlrun.envs.ray_envs import RayEnvs
 from rlrun.fast.channels_last import ChannelsLast
@@ -28,12 +28,12 @@ from rlrun.models.encoders import NatureCNN
 def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
     """Swap the accelerations that apply into `algo` (built, not yet trained or wrapped in DDP), which collects
     from `envs`; returns their names, for the log. Each with the condition it needs and why it pays:"""
-    if not (isinstance(algo, (PPO, A2C, DQN, ContinuousControl)) and algo.cfg.fast):
+    if not (isinstance(algo, (PPO, A2C, DQN, SAC, TD3)) and algo.cfg.fast):
         return []  # algo.fast=false, or an algorithm none of these accelerates
     cpu = algo.device.type == "cpu"
     if isinstance(algo, A2C):
         return _accelerate_a2c(algo, cpu)
-    if isinstance(algo, ContinuousControl):
+    if isinstance(algo, (SAC, TD3)):
         return _accelerate_continuous(algo)
     applied = []
     if isinstance(algo, PPO) and cpu and _frames_cnn(algo):
@@ -85,7 +85,7 @@ def _accelerate_a2c(algo: A2C, cpu: bool) -> list[str]:
     return []
 
 
-def _accelerate_continuous(algo: ContinuousControl) -> list[str]:
+def _accelerate_continuous(algo: SAC | TD3) -> list[str]:
     # As for PPO and DQN, for each of SAC's and TD3's optimizers: parameters and gradients in one flat buffer. (Losses
     # with hand-written gradients, as PPO's, were tried and measured no faster: at SAC's sizes, 256 x 256 layers on
     # batches of 256, the update is its matrix products, not operator overhead.)
@@ -93,7 +93,7 @@ def _accelerate_continuous(algo: ContinuousControl) -> list[str]:
     algo.critic_optimizer = FlatAdam(trainable(algo.model.critic), c.lr, c.adam_eps)
     algo.actor_optimizer = FlatAdam(trainable(algo.model.actor), c.lr, c.adam_eps)
     if isinstance(algo, SAC) and c.autotune:
-        algo.alpha_optimizer = FlatAdam(algo.extra_trained(), c.lr, c.adam_eps)
+        algo.alpha_optimizer = FlatAdam(algo.temperature_trained(), c.lr, c.adam_eps)
     return ["flat Adam"]
 
 
