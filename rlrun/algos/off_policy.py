@@ -25,7 +25,8 @@ def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- tau * online + (1 - tau) * target (tau = 1: copy) for the parameters; buffers (BatchNorm's
     statistics) are copied, as SB3 does."""
     # torch's exponential moving average of parameter lists: one foreach lerp for them all, not one call per tensor.
-    get_ema_multi_avg_fn(1.0 - tau)(list(target.parameters()), list(online.parameters()), None)
+    ema = get_ema_multi_avg_fn(1.0 - tau)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    ema(list(target.parameters()), list(online.parameters()), None)
     with torch.no_grad():
         for t, o in zip(target.buffers(), online.buffers()):
             t.copy_(o)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,10 +132,10 @@ class SAC(ReplayAlgorithm):
         self.model.eval()
         return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
 
-    def learner_state(self) -> dict:
+    def learner_state(self) -> dict[str, Any]:
         return learner_state(self.model, self.optimizers())
 
-    def load_learner_state(self, state: dict) -> None:
+    def load_learner_state(self, state: dict[str, Any]) -> None:
         load_learner_state(self, self.model, self.optimizers(), state)
 
     def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import numpy as np
 import torch
@@ -109,10 +110,10 @@ class TD3(ReplayAlgorithm):
         self.model.eval()
         return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
 
-    def learner_state(self) -> dict:
+    def learner_state(self) -> dict[str, Any]:
         return learner_state(self.model, self.optimizers())
 
-    def load_learner_state(self, state: dict) -> None:
+    def load_learner_state(self, state: dict[str, Any]) -> None:
         load_learner_state(self, self.model, self.optimizers(), state)
 
     def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):

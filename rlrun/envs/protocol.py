@@ -105,3 +105,12 @@ class JobRunner(Protocol):
         names the job in errors. A job that steps envs through WorkerContext.step may run as long as it keeps
         stepping: the step timeout applies to each step. A job that fails outside an env sets where[0] = None."""
         ...
+
+
+if TYPE_CHECKING:  # mypy holds each backend to the contracts it implements
+    from rlrun.envs.pool import WorkerPool
+    from rlrun.envs.ray_envs import RayEnvs
+    from rlrun.envs.sync import SyncEnvs
+
+    _vector_envs: list[type[VectorEnv]] = [SyncEnvs, WorkerPool, RayEnvs]
+    _job_runners: list[type[JobRunner]] = [WorkerPool, RayEnvs]

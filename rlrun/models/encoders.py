@@ -4,6 +4,7 @@ encoder per key for Dict observations with image keys (a CNN per image, concaten
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -94,7 +95,7 @@ class NatureCNN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # Scaling to [0, 1] is folded into the first layer's weights: one op on a small tensor instead of one
         # on the whole batch. (.float() keeps the frames' memory layout, channels-last or not.)
-        first = self.conv[0]
+        first = cast(nn.Conv2d, self.conv[0])
         h = F.conv2d(x.float(), first.weight / 255.0, first.bias, first.stride, first.padding)
         return self.fc(self.conv[1:](h))
 
