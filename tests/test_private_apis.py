@@ -168,3 +168,22 @@ def test_private_api_rlrun_relies_on_is_unchanged(api: PrivateApi):
             f"{type(e).__name__}: {e}",
             pytrace=False,
         )
+
+
+def test_the_reference_uses_no_private_api():
+    """algos/ and models/ (what algo.fast=false runs, and what a reader reads) touch no underscored name of another
+    object or module: no `torch._x`, no `module._x`, no import from a private module (their own classes' members
+    through self or cls are theirs; `_target_` is a field of rlrun's ModelConfig, named as Hydra names it)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "rlrun"
+    found = []
+    for path in sorted([*root.glob("algos/*.py"), *root.glob("models/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr[:1] == "_" != node.attr[1:2] and node.attr != "_target_":
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.ImportFrom) and any(p[:1] == "_" != p[1:2] for p in (node.module or "").split(".")):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} from {node.module}")
+    assert not found, f"private APIs in the reference: {found}"
