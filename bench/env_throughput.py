@@ -82,7 +82,13 @@ class AsyncGroups(AsyncVectorEnv):
         self.step_async(actions)
 
     def recv(self, group):
-        return self.step_wait()
+        from rlrun.envs.protocol import EndedEpisodes, StepResult
+
+        obs, rewards, terminated, truncated, info = self.step_wait()
+        final, episodes = info.get("final_info", {}), EndedEpisodes.none(self.num_envs)
+        if "episode" in final:  # gymnasium batches RecordEpisodeStatistics' infos under final_info
+            episodes = EndedEpisodes(final["_episode"], final["episode"]["r"], final["episode"]["l"])
+        return StepResult(obs, rewards, terminated, truncated, info, episodes)
 
 
 def ppo_end_to_end(iterations: int) -> None:

@@ -13,14 +13,15 @@ import torch
 from rlrun.algos.protocol import Algorithm
 from rlrun.checkpoint import rng_devices
 from rlrun.config import EnvConfig, TrainConfig
-from rlrun.envs import check_env_id, env_seeds, finished_episodes, import_env_modules, make_vector_env
+from rlrun.envs import check_env_id, env_seeds, import_env_modules, make_vector_env
+from rlrun.envs.protocol import VectorEnv
 from rlrun.errors import NonFiniteError
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.seeding import EVALUATION, torch_seed
 
 
 def run_episodes(
-    envs: gym.vector.VectorEnv,
+    envs: VectorEnv,
     act: Callable[[np.ndarray, np.ndarray], np.ndarray],
     episodes: int,
     seeds: list[int],
@@ -43,9 +44,8 @@ def run_episodes(
     starts = np.ones(n, dtype=bool)
     done = steps = 0
     while done < episodes and not (should_stop is not None and should_stop()):
-        obs, _, terminated, truncated, info = envs.step(act(obs, starts))
+        obs, _, terminated, truncated, _, (ended, returns, lengths) = envs.step(act(obs, starts))
         starts = terminated | truncated  # SAME_STEP autoreset: obs already starts the next episode
-        ended, returns, lengths = finished_episodes(info, n)
         for i in np.flatnonzero(ended):
             if len(results[i]) < wanted[i]:
                 results[i].append((float(returns[i]), int(lengths[i])))

@@ -256,7 +256,8 @@ def _write_hparams(writer, hparams: dict) -> None:
     metric's value from the last point of its scalar tag, so the final evaluation is the value it shows."""
     from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-    experiment, session_start, _session_end = hparams_summaries(hparams, dict.fromkeys(HPARAMS_METRICS, 0.0))
+    metrics = dict.fromkeys(HPARAMS_METRICS, 0.0)
+    experiment, session_start, _session_end = hparams_summaries(hparams, metrics)  # type: ignore[no-untyped-call]
     writer.file_writer.add_summary(experiment)
     writer.file_writer.add_summary(session_start)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from rich.console import Console
 from rich.table import Table
 
@@ -20,6 +19,7 @@ from rlrun.algos.protocol import EnvSpec
 from rlrun.config import EnvConfig, PlayConfig, TrainConfig
 from rlrun.distributed import resolve_device
 from rlrun.envs import check_env_id, env_seeds, env_spaces, import_env_modules, make_env
+from rlrun.envs.sync import SyncEnvs
 from rlrun.errors import UserError
 from rlrun.evaluation import run_episodes
 
@@ -82,7 +82,7 @@ def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict, run_dir: Path) ->
     thunk = make_env(env_cfg, train=False, render_mode=render_mode)
     if cfg.video:
         thunk = _video_env(thunk, run_dir / "videos", cfg.episodes)
-    envs = SyncVectorEnv([thunk], autoreset_mode=AutoresetMode.SAME_STEP)
+    envs = SyncEnvs([thunk], check_finite=False)  # plays what the env gives, as gymnasium's SyncVectorEnv did
     try:
         spec = EnvSpec(envs.single_observation_space, envs.single_action_space)
         algo = build_algo(train_cfg.algo, train_cfg.model, spec, resolve_device(cfg.device))

@@ -88,7 +88,7 @@ def test_bad_checkpoint_files(tmp_path, kind):
 def _roll(envs, actions):
     out = []
     for a in actions:
-        obs, r, te, tr, _ = envs.step(a)
+        obs, r, te, tr, *_ = envs.step(a)
         out.append((obs.copy(), r.copy(), te.copy(), tr.copy()))
     return out
 

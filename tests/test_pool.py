@@ -93,7 +93,7 @@ def test_double_buffered_collect_keeps_the_rollout_layout():
     obs, _ = replay.reset(seed=seeds)
     for t in range(64):
         np.testing.assert_array_equal(r.obs[t].numpy(), obs)
-        obs, reward, terminated, truncated, _ = replay.step(r.actions[t].numpy())
+        obs, reward, terminated, truncated, *_ = replay.step(r.actions[t].numpy())
         np.testing.assert_array_equal(r.rewards_np[t], reward)
         np.testing.assert_array_equal(r.terminated_np[t], terminated)
         np.testing.assert_array_equal(r.truncated_np[t], truncated)
@@ -228,7 +228,7 @@ def _spawned_parent(queue) -> None:
         pool.reset(seed=0)
         obs = None
         for _ in range(3):
-            obs, _, _, _, info = pool.step(np.array([0, 1]))
+            obs, _, _, _, info, _ = pool.step(np.array([0, 1]))
         queue.put((obs.tolist(), sorted(set(info["pid"].tolist())), os.getpid()))
     finally:
         pool.close()
@@ -268,7 +268,7 @@ def test_make_env_thunk_works_in_pool_for_breakout_with_double_buffer():
         pool.send(0, np.zeros(2, np.int64))
         pool.send(1, np.ones(2, np.int64))
         for g in (0, 1):
-            o, r, te, tr, _ = pool.recv(g)
+            o, r, te, tr, *_ = pool.recv(g)
             assert o.shape == (2, 4, 84, 84) and r.shape == (2,)
     finally:
         assert_reaped(pool)

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -57,12 +58,11 @@ class Bandit:
         actions, rewards, episodes = [], [], []
         for _ in range(self.cfg.num_steps):
             a = torch.distributions.Categorical(logits=self._logits()).sample((self.spec.num_envs,))
-            self.next_obs, r, terminated, truncated, info = envs.step(a.numpy())
+            step = envs.step(a.numpy())
+            self.next_obs = step.obs
             actions.append(a)
-            rewards.append(torch.as_tensor(r, dtype=torch.float32))
-            if "final_info" in info:
-                ended = info["final_info"]["_episode"]
-                episodes.append((info["final_info"]["episode"]["r"][ended], info["final_info"]["episode"]["l"][ended]))
+            rewards.append(torch.as_tensor(step.rewards, dtype=torch.float32))
+            episodes.append(step.episodes.finished())
         self.batch = torch.cat(actions), torch.cat(rewards)
         return episodes_of(episodes, self.steps_per_collect)
 
@@ -115,3 +115,52 @@ def test_a_new_algorithm_is_one_class_and_one_registry_entry(tmp_path, monkeypat
     assert any("losses/policy_loss" in line for line in lines)
     state = load_checkpoint(tmp_path)  # plain data, loadable with weights_only
     assert state["env_steps"] == 2048 and "model" in state["algo"]
+
+
+def _rows_of(w, sl: slice, scale: int) -> tuple[int, int]:
+    """A job: the envs the runner passed it (scaled), which are the ones its context hosts."""
+    assert w.rows.stop - w.rows.start == sl.stop - sl.start == len(w.envs)
+    return sl.start * scale, sl.stop * scale
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(60)
+def test_vector_envs_report_the_episodes_that_ended_and_the_pool_runs_jobs_by_env_slice():
+    """Every vector env's step result carries the episodes that ended as a typed field, equal to what gymnasium's
+    own SyncVectorEnv puts in its infos; the forked pool runs a job with the arguments for each worker's envs
+    (args_of(slice)), as the Ray actors do (the one JobRunner contract)."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from rlrun.envs import make_env
+    from rlrun.envs.pool import WorkerPool
+    from rlrun.envs.sync import SyncEnvs
+
+    fns = [make_env(EnvConfig(max_episode_steps=12), train=True) for _ in range(5)]  # truncations and terminations
+    ref = SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    ours = [SyncEnvs(fns), WorkerPool(fns, num_workers=2, step_timeout_s=30.0)]
+    try:
+        seeds = [3, 4, 5, 6, 7]
+        for envs in [ref, *ours]:
+            envs.reset(seed=seeds)
+        rng, ended = np.random.default_rng(0), 0
+        for _ in range(60):
+            actions = rng.integers(0, 2, 5)
+            *_, info = ref.step(actions)
+            final = info.get("final_info", {})
+            mask = final.get("_episode", np.zeros(5, dtype=bool))
+            for envs in ours:
+                episodes = envs.step(actions).episodes
+                np.testing.assert_array_equal(episodes.ended, mask)
+                if mask.any():
+                    np.testing.assert_array_equal(episodes.returns[mask], final["episode"]["r"][mask])
+                    np.testing.assert_array_equal(episodes.lengths[mask], final["episode"]["l"][mask])
+                    returns, lengths = episodes.finished()
+                    assert returns.dtype == np.float64 and lengths.dtype == np.int64 and len(returns) == mask.sum()
+                assert not episodes.returns[~mask].any() and not episodes.lengths[~mask].any()
+            ended += int(mask.sum())
+        assert ended >= 10
+        pool = ours[1]
+        assert pool.run("reading rows", _rows_of, lambda sl: (sl, 10)) == [(0, 20), (20, 50)]
+    finally:
+        for envs in [ref, *ours]:
+            envs.close()

@@ -62,7 +62,7 @@ def record(envs, steps: int, seed: int) -> dict:
     out = {k: [] for k in ("obs", "actions", "rewards", "terminated", "truncated", "final_obs")}
     for _ in range(steps):
         actions = rng.integers(0, envs.single_action_space.n, envs.num_envs)
-        nxt, rewards, terminated, truncated, info = envs.step(actions)
+        nxt, rewards, terminated, truncated, info, _ = envs.step(actions)
         for k, v in zip(out, (np.array(obs), actions, rewards, terminated, truncated, info.get("final_obs"))):
             out[k].append(v if k == "final_obs" else np.array(v))
         obs = nxt

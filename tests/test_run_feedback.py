@@ -127,14 +127,14 @@ def test_run_episodes_stopped_early_returns_the_finished_episodes_in_order():
     """should_stop (the hook a stop signal uses) ends the episodes at once; what finished is kept in episode order,
     the same episodes a full run gives first."""
     import numpy as np
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     from rlrun.config import EnvConfig
     from rlrun.envs import make_env
+    from rlrun.envs.sync import SyncEnvs
     from rlrun.evaluation import run_episodes
 
     def episodes(should_stop=None):
-        envs = SyncVectorEnv([make_env(EnvConfig(), train=False)] * 3, autoreset_mode=AutoresetMode.SAME_STEP)
+        envs = SyncEnvs([make_env(EnvConfig(), train=False)] * 3)
         act = lambda obs, starts: (obs[:, 2] > 0).astype(np.int64)  # noqa: E731  (push towards the pole's lean)
         try:
             return run_episodes(envs, act, 9, [1, 2, 3], should_stop)

@@ -77,7 +77,7 @@ def check_rollout(algo: PPO, replay, obs: np.ndarray, noise: torch.Tensor | None
             mean = model.act(x, deterministic=True)[0]
             torch.testing.assert_close(r.actions[t], mean + model.log_std.exp() * noise[t], rtol=0, atol=1e-5)
         torch.testing.assert_close(r.log_probs[t], model.evaluate(x, r.actions[t])[0], rtol=0, atol=1e-4)
-        obs, reward, terminated, truncated, info = replay.step(r.actions[t].numpy())
+        obs, reward, terminated, truncated, info, _ = replay.step(r.actions[t].numpy())
         expected = reward if scale is None else scale(reward, terminated | truncated)
         np.testing.assert_allclose(r.rewards_np[t], expected.astype(np.float32), rtol=1e-6)  # stored as float32
         np.testing.assert_array_equal(r.terminated_np[t], terminated)

@@ -22,10 +22,11 @@ from torch import Tensor, nn
 from rlrun.algos.configs import A2CConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import MeanAll, normalize_advantages
-from rlrun.algos.protocol import Annealed, EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
+from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import StepRows, step_groups
 from rlrun.config import ModelConfig
+from rlrun.envs.protocol import Episodes, VectorEnv
 from rlrun.models import build_actor_critic, eval_mode, trainable
 from rlrun.models.encoders import observation_dtype
 
@@ -171,7 +172,9 @@ def build_optimizer(cfg: A2CConfig, params: list[nn.Parameter]) -> torch.optim.O
 class A2CParts:
     """What an acceleration may replace in A2C (rlrun/algos/parts.py), with a part of the same signature."""
 
-    learner: A2CUnroll  # forward(envs, obs) -> (loss, stats, next observations, episodes); what DDP wraps
+    # An A2CUnroll or what stands in its place (what DDP wraps):
+    # forward(envs, obs) -> (loss, stats, next observations, episodes)
+    learner: nn.Module
 
 
 class A2C:

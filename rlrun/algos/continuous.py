@@ -1,6 +1,7 @@
-"""What SAC (sac.py) and TD3 (td3.py) share: actions in [-1, 1]^A inside the algorithm and scaled to the env's bounds
-outside it, the twin critics' learner, uniform actions until updates start, an actor and a critics' optimizer, and
-DDP's arrangement of one learner per optimizer.
+"""The parts SAC (sac.py) and TD3 (td3.py) are composed of, beside the replay they share with DQN (off_policy.py):
+actions in [-1, 1]^A inside the algorithm and scaled to the env's bounds outside it, uniform until updates start
+(ActionBounds); the twin critics' learner and its optimizer step (CriticLearner, step_critics); the networks' and
+optimizers' state (learner_state, load_learner_state).
 
 Under DDP each optimizer's parameters have a learner of their own, wrapped on its own. The actor's loss reads Q
 through weights cut from autograd (TwinQ's detached=True), so it never sends gradients into the critics, whose
@@ -9,21 +10,18 @@ its own online networks, identical on every rank, and nothing is all-reduced for
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.configs import ContinuousControlConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm
-from rlrun.algos.parts import OptimizerParts, adam
-from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
+from rlrun.algos.protocol import EnvSpec
 from rlrun.envs import check_action_space
-from rlrun.models import trainable
 from rlrun.models.continuous import TwinQ
 from rlrun.models.encoders import observation_dtype
 
@@ -39,6 +37,19 @@ class ActionBounds:
 
     def to_env(self, unit: np.ndarray) -> np.ndarray:
         return (self.low + (unit + 1.0) * 0.5 * (self.high - self.low)).astype(self.dtype)
+
+    def explore(self, n: int, policy: Callable[[], Tensor] | None) -> tuple[np.ndarray, np.ndarray]:
+        """(the actions n envs take, the unit actions the replay stores) while collecting: the policy's (`policy()`,
+        exploring), or uniform ones while it is None (until updates start, as SB3's and CleanRL's warm-up)."""
+        unit = (torch.rand(n, self.dim) * 2.0 - 1.0 if policy is None else policy()).cpu().numpy()
+        return self.to_env(unit), unit
+
+
+def replay_layout(spec: EnvSpec, algo: str) -> tuple[ActionBounds, torch.dtype, int]:
+    """(the action bounds, the observations' dtype in the replay, their size) of a continuous-control algorithm: uint8
+    images stay bytes in the replay (a quarter of float32's size)."""
+    obs = spec.observation_space
+    return ActionBounds(spec.action_space, algo), observation_dtype(obs.shape, obs.dtype), math.prod(obs.shape)
 
 
 class CriticLearner(nn.Module):
@@ -58,79 +69,31 @@ class CriticLearner(nn.Module):
         return loss, td.detach().abs().mean(0), q.detach()
 
 
-class ContinuousControl(ReplayAlgorithm):
-    """The base of SAC and TD3. The subclass builds `model` (with .actor and .critic, targets included), sets
-    `critic_learner` and `actor_learner`, and gives its policy's actions in [-1, 1] (`unit_actions`)."""
+def step_critics(
+    learner: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[Tensor, Tensor, Tensor, Tensor],
+    name: str,
+    batch_size: int,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """One optimizer step of the critics' learner on (obs, actions, targets, weights): (qf_loss and mean Q, |TD
+    errors|). `name` says whose loss a non-finite one is."""
+    loss, td_abs, q = learner(*batch)
+    require_finite(loss, f"the {name.upper()} critic loss")
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {"qf_loss": loss.detach(), "q_values": q.sum() / (2 * batch_size)}, td_abs
 
-    modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
 
-    def __init__(self, cfg: ContinuousControlConfig, spec: EnvSpec, device: torch.device, reductions=None):
-        self.bounds = ActionBounds(spec.action_space, cfg.name)
-        obs = spec.observation_space  # uint8 images stay bytes in the replay (a quarter of float32's size)
-        obs_dtype = observation_dtype(obs.shape, obs.dtype)
-        super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
-        self.obs_dim = math.prod(spec.observation_space.shape)
-        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
-        self.critic_learner: nn.Module
-        self.actor_learner: nn.Module
+def learner_state(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> dict:
+    """The networks' and the optimizers' state, shared by every rank."""
+    return {"model": model.state_dict()} | {f"{name}_optimizer": o.state_dict() for name, o in optimizers.items()}
 
-    def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:
-        """The policy's actions in [-1, 1]^A: with its exploration (not deterministic) or without."""
-        raise NotImplementedError
 
-    def extra_trained(self) -> list[nn.Parameter]:
-        """Parameters trained beside the actor's, by the actor's learner (SAC's temperature)."""
-        return []
-
-    @functools.cached_property
-    def critic_optimizer(self) -> torch.optim.Optimizer:
-        """Built on first use, as DQN's: an acceleration may put another in its place first."""
-        return self.adam(trainable(self.model.critic))
-
-    @functools.cached_property
-    def actor_optimizer(self) -> torch.optim.Optimizer:
-        return self.adam(trainable(self.model.actor))
-
-    def adam(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        return self.parts.make_optimizer(params)
-
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"critic": self.critic_optimizer, "actor": self.actor_optimizer}
-
-    def wrap_learner(self, wrap: Wrap) -> None:
-        self.critic_learner = wrap(self.critic_learner, trainable(self.model.critic))
-        self.actor_learner = wrap(self.actor_learner, trainable(self.model.actor) + self.extra_trained())
-        self.sync_targets()
-
-    @torch.inference_mode()
-    def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
-        if self.updates == 0:  # until updates start: uniform actions, as SB3's and CleanRL's warm-up
-            unit = torch.rand(len(obs), self.bounds.dim) * 2.0 - 1.0
-        else:
-            unit = self.unit_actions(self._obs(obs), deterministic=False)
-        unit = unit.cpu().numpy()
-        return self.bounds.to_env(unit), unit
-
-    @torch.inference_mode()
-    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
-        """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
-        self.model.eval()
-        return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
-
-    def step_critics(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[dict, Tensor]:
-        """One optimizer step of the critics towards `targets`: (qf_loss and mean Q, |TD errors|)."""
-        loss, td_abs, q = self.critic_learner(obs, actions, targets, weights)
-        require_finite(loss, f"the {self.cfg.name.upper()} critic loss")
-        self.critic_optimizer.zero_grad()
-        loss.backward()
-        self.critic_optimizer.step()
-        return {"qf_loss": loss.detach(), "q_values": q.sum() / (2 * self.cfg.batch_size)}, td_abs
-
-    def learner_state(self) -> dict:
-        optimizers = {f"{name}_optimizer": o.state_dict() for name, o in self.optimizers().items()}
-        return {"model": self.model.state_dict()} | optimizers
-
-    def load_learner_state(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        for name, optimizer in self.optimizers().items():
-            self.load_optimizer(optimizer, state[f"{name}_optimizer"])
+def load_learner_state(
+    algo: ReplayAlgorithm, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], state: dict
+) -> None:
+    model.load_state_dict(state["model"])
+    for name, optimizer in optimizers.items():
+        algo.load_optimizer(optimizer, state[f"{name}_optimizer"])

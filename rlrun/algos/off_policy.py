@@ -12,10 +12,11 @@ import logging
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
-from rlrun.envs import finished_episodes
+from rlrun.envs.protocol import VectorEnv
 
 log = logging.getLogger("rlrun")
 
@@ -23,8 +24,10 @@ log = logging.getLogger("rlrun")
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
     """target <- tau * online + (1 - tau) * target (tau = 1: copy) for the parameters; buffers (BatchNorm's
     statistics) are copied, as SB3 does."""
+    # torch's exponential moving average of parameter lists: one foreach lerp for them all, not one call per tensor.
+    ema = get_ema_multi_avg_fn(1.0 - tau)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    ema(list(target.parameters()), list(online.parameters()), None)
     with torch.no_grad():
-        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)  # one call, not one per tensor
         for t, o in zip(target.buffers(), online.buffers()):
             t.copy_(o)
 
@@ -128,7 +131,7 @@ class ReplayAlgorithm:
         return torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
 
     @torch.inference_mode()
-    def collect(self, envs, progress: float = 0.0) -> dict:
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict:
         """train_freq vector steps into the replay shard; returns finished episodes."""
         if self.modal:
             self.model.eval()  # acting; update() learns in train mode
@@ -136,12 +139,11 @@ class ReplayAlgorithm:
         self.env_steps_seen += self.steps_per_collect
         for _ in range(self.cfg.train_freq):
             actions, stored = self.explore(obs, progress)
-            next_obs, reward, terminated, truncated, info = envs.step(actions)
-            self.replay.add(obs, stored, reward, terminated, truncated, info.get("final_obs"))
-            ended, returns, lengths = finished_episodes(info, self.num_envs)
-            if ended.any():
-                episodes.append((returns[ended], lengths[ended]))
-            obs = next_obs
+            step = envs.step(actions)
+            self.replay.add(obs, stored, step.rewards, step.terminated, step.truncated, step.info.get("final_obs"))
+            if step.episodes.ended.any():
+                episodes.append(step.episodes.finished())
+            obs = step.obs
         self.next_obs = obs
         return episodes_of(episodes, self.steps_per_collect)
 

@@ -27,11 +27,12 @@ from rlrun.algos.configs import PPOConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import RunningMoments, float_entries, normalize_advantages, weighted_mean_all
 from rlrun.algos.parts import Acting, ClipGradNorm, MakeOptimizer, adam
-from rlrun.algos.protocol import Annealed, EnvSpec, Episodes, Reductions, VectorEnv, Wrap, episodes_of
+from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
 from rlrun.buffers.rollout import Rollout, minibatch_indices, minibatch_slices, take_rows
 from rlrun.config import ModelConfig
+from rlrun.envs.protocol import Episodes, VectorEnv
 from rlrun.models import RecurrentActorCritic, build_actor_critic, trainable
 from rlrun.models.encoders import observation_dtype
 

@@ -1,11 +1,11 @@
-"""The contracts between the training loop, the algorithms and the vector envs: what an algorithm is built
-from (EnvSpec, Reductions), what it offers the loop (Algorithm), and what it steps (VectorEnv)."""
+"""The contracts between the training loop and the algorithms: what an algorithm is built from (EnvSpec,
+Reductions) and what it offers the loop (Algorithm). What it steps, VectorEnv, is the envs' (rlrun/envs/protocol.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -13,15 +13,16 @@ from torch import nn
 
 from rlrun.algos.normalize import MeanAll, identity
 from rlrun.buffers.replay import ONE_SHARD, Shards
+from rlrun.envs.protocol import Episodes as Episodes  # re-exported: callers may name both from here
+from rlrun.envs.protocol import VectorEnv as VectorEnv
 
 # (learner, the parameters its optimizers train) -> the learner as training calls it (in DDP when distributed)
 Wrap = Callable[[nn.Module, list[nn.Parameter]], nn.Module]
-Episodes = tuple[np.ndarray, np.ndarray]  # (returns [k], lengths [k]) of the episodes that ended
 # An annealed quantity: (its name, its value at a progress in [0, 1], the progress at which it reaches its end).
 Annealed = tuple[str, Callable[[float], float], float]
 
 
-def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict:
+def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict[str, Any]:
     """What a collect returns: the episodes that ended, {"episode_returns": [k], "episode_lengths": [k]}, and the
     env steps it took ("env_steps", this rank's)."""
     return {
@@ -35,8 +36,8 @@ def episodes_of(parts: Sequence[Episodes], env_steps: int) -> dict:
 class EnvSpec:
     """What an algorithm is built for: one env's spaces, the envs this rank steps, frames per observation."""
 
-    observation_space: gym.Space
-    action_space: gym.Space
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
     num_envs: int = 1
     frame_stack: int = 1  # frames stacked along an observation's first axis (stored once by a replay)
 
@@ -60,26 +61,6 @@ class Reductions:
     finish_line: FinishLine | None = None
 
 
-class VectorEnv(Protocol):
-    """A batch of N envs with gymnasium's vector semantics (SAME_STEP autoreset: a finished episode's last
-    observation is in info["final_obs"]), stepped whole or by groups (double buffering)."""
-
-    num_envs: int
-    num_workers: int  # processes of its own stepping the envs (0: in this process)
-    single_observation_space: gym.Space
-    single_action_space: gym.Space
-    groups: list[slice]  # env ranges that step independently: send(g, ...) then recv(g)
-
-    def reset(self, seed: int | Sequence[int] | None = None) -> tuple[np.ndarray, dict]: ...
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
-    def send(self, group: int, actions: np.ndarray) -> None: ...
-    def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]: ...
-    def check_alive(self) -> None: ...
-    def get_env_state(self) -> list: ...
-    def set_env_state(self, state: list) -> None: ...
-    def close(self) -> None: ...
-
-
 class Algorithm(Protocol):
     """What the training loop, evaluation and play use of an algorithm; built by its registry entry from (its
     config section, the model config, EnvSpec, device, Reductions). It never asks for its rank."""
@@ -93,13 +74,13 @@ class Algorithm(Protocol):
     def wrap_learner(self, wrap: Wrap) -> None: ...
     def start(self, obs: np.ndarray) -> None: ...  # the observations (after a reset) collecting starts from
     # The episodes that ended and the env steps taken (episodes_of); "preempted" too when rollouts can be cut short.
-    def collect(self, envs: VectorEnv, progress: float) -> dict: ...
+    def collect(self, envs: VectorEnv, progress: float) -> dict[str, Any]: ...
     def update(self, progress: float) -> dict[str, float]: ...
     def annealed(self) -> list[Annealed]: ...  # what `progress` anneals (a resume that extends the run says it)
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray: ...
-    def state_dict(self) -> dict: ...  # shared by every rank
-    def load_state_dict(self, state: dict) -> None: ...
-    def rank_state(self) -> dict: ...  # this rank's own (where its envs are), small
-    def load_rank_state(self, state: dict) -> None: ...
-    def shard_state(self) -> dict | None: ...  # this rank's own and large (a replay shard), or None
-    def load_shard_state(self, state: dict) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...  # shared by every rank
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def rank_state(self) -> dict[str, Any]: ...  # this rank's own (where its envs are), small
+    def load_rank_state(self, state: dict[str, Any]) -> None: ...
+    def shard_state(self) -> dict[str, Any] | None: ...  # this rank's own and large (a replay shard), or None
+    def load_shard_state(self, state: dict[str, Any]) -> None: ...

@@ -11,8 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rlrun.algos.protocol import Episodes
-from rlrun.envs import finished_episodes
+from rlrun.envs.protocol import Episodes, StepResult
 
 # `out` holds the rollout's arrays under Rollout's names, [T, N, ...]: the rank's Rollout, or a worker's rows of the
 # arrays it shares with the rank.
@@ -35,19 +34,18 @@ def act_step(act: Act, obs: Tensor, t: int, envs: slice, out: Any) -> Tensor:
     return action
 
 
-def observe_step(value_of: ValueOf, result: tuple, t: int, envs: slice, out: Any) -> tuple[np.ndarray, Episodes]:
+def observe_step(value_of: ValueOf, result: StepResult, t: int, envs: slice, out: Any) -> tuple[np.ndarray, Episodes]:
     """Store what the envs `envs` returned for rollout step t: rewards and flags, and where an episode was
     truncated, V of its final observation (in next_values), which the return bootstraps from (a terminated
     episode does not bootstrap). Returns the envs' next observations and the episodes that ended."""
-    obs, reward, terminated, truncated, info = result
+    obs, reward, terminated, truncated, info, episodes = result
     out.rewards_np[t, envs] = reward
     out.terminated_np[t, envs] = terminated
     out.truncated_np[t, envs] = truncated
     cut = np.flatnonzero(truncated)
     if len(cut):  # the autoreset replaced the final observation; gymnasium keeps it in the info
         out.next_values[t, envs.start + cut] = value_of(np.stack(info["final_obs"][cut]), envs.start + cut)
-    ended, returns, lengths = finished_episodes(info, len(reward))
-    return obs, (returns[ended], lengths[ended])
+    return obs, episodes.finished()
 
 
 def step_groups(

@@ -11,16 +11,20 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import SACConfig
-from rlrun.algos.continuous import ContinuousControl, CriticLearner
+from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
 from rlrun.algos.finite import require_finite
-from rlrun.algos.off_policy import polyak_update
-from rlrun.algos.protocol import EnvSpec
+from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
+from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
+from rlrun.models import trainable
 from rlrun.models.continuous import GaussianActor, TwinQ
 
 
@@ -67,35 +71,74 @@ class SACNetworks(nn.Module):
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.autotune)
 
 
-class SAC(ContinuousControl):
+class SAC(ReplayAlgorithm):
     """Each update steps the critics, then (every policy_frequency updates, that many times) the actor and the
-    temperature, then (every target_update_interval updates) the critics' targets."""
+    temperature, then (every target_update_interval updates) the critics' targets. Composed of continuous.py's parts
+    (the action bounds, the critics' learner and step, the networks' state) on the shared replay (off_policy.py)."""
+
+    modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
 
     def __init__(self, cfg: SACConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
-        super().__init__(cfg, spec, device, reductions)
-        self.model = nets = SACNetworks(self.obs_dim, self.bounds.dim, model_cfg, cfg).to(device)
+        self.bounds, obs_dtype, obs_dim = replay_layout(spec, cfg.name)
+        super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
+        self.model = nets = SACNetworks(obs_dim, self.bounds.dim, model_cfg, cfg).to(device)
         self.target_entropy = -float(self.bounds.dim) if cfg.target_entropy is None else cfg.target_entropy
-        self.critic_learner = CriticLearner(nets.critic, cfg.batch_size, 0.5)
-        self.actor_learner = SACActorLearner(nets.actor, nets.log_alpha, self.target_entropy, cfg.batch_size)
+        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
+        # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
+        self.critic_learner: nn.Module = CriticLearner(nets.critic, cfg.batch_size, 0.5)
+        self.actor_learner: nn.Module = SACActorLearner(nets.actor, nets.log_alpha, self.target_entropy, cfg.batch_size)
+
+    # Built on first use, as DQN's: an acceleration may put others in their place first.
+    @functools.cached_property
+    def critic_optimizer(self) -> torch.optim.Optimizer:
+        return self.parts.make_optimizer(trainable(self.model.critic))
+
+    @functools.cached_property
+    def actor_optimizer(self) -> torch.optim.Optimizer:
+        return self.parts.make_optimizer(trainable(self.model.actor))
 
     @functools.cached_property
     def alpha_optimizer(self) -> torch.optim.Optimizer | None:
-        return self.adam(self.extra_trained()) if self.cfg.autotune else None
+        return self.parts.make_optimizer(self.temperature_trained()) if self.cfg.autotune else None
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         alpha = {"alpha": self.alpha_optimizer} if self.alpha_optimizer is not None else {}
-        return super().optimizers() | alpha
+        return {"critic": self.critic_optimizer, "actor": self.actor_optimizer} | alpha
 
-    def extra_trained(self) -> list[nn.Parameter]:
+    def temperature_trained(self) -> list[nn.Parameter]:
+        """The temperature, when tuned: trained beside the actor, by the actor's learner."""
         return [self.model.log_alpha] if self.cfg.autotune else []
+
+    def wrap_learner(self, wrap: Wrap) -> None:
+        self.critic_learner = wrap(self.critic_learner, trainable(self.model.critic))
+        self.actor_learner = wrap(self.actor_learner, trainable(self.model.actor) + self.temperature_trained())
+        self.sync_targets()
 
     def sync_targets(self) -> None:
         polyak_update(self.model.critic_target, self.model.critic, 1.0)
 
     def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:
+        """The policy's actions in [-1, 1]^A: its mode, or a sample."""
         if deterministic:
             return self.model.actor.mode(obs)
         return self.model.actor(obs, torch.randn(len(obs), self.bounds.dim, device=self.device))[0]
+
+    @torch.inference_mode()
+    def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
+        policy = None if self.updates == 0 else lambda: self.unit_actions(self._obs(obs), deterministic=False)
+        return self.bounds.explore(len(obs), policy)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
+        """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
+        self.model.eval()
+        return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
+
+    def learner_state(self) -> dict[str, Any]:
+        return learner_state(self.model, self.optimizers())
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        load_learner_state(self, self.model, self.optimizers(), state)
 
     def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):
         """One SAC update on this rank's items. `noise` [1 + policy_frequency, n, A] is the standard-normal noise of
@@ -109,7 +152,8 @@ class SAC(ContinuousControl):
             next_q = nets.critic_target(batch["next_obs"], next_actions).min(0).values
             alpha = nets.log_alpha.exp()
             targets = soft_q_targets(batch["returns"], batch["discount"], next_q, next_log_prob, alpha)
-        stats, td_abs = self.step_critics(obs, batch["actions"], targets, weights)
+        critic_batch = (obs, batch["actions"], targets, weights)
+        stats, td_abs = step_critics(self.critic_learner, self.critic_optimizer, critic_batch, c.name, c.batch_size)
         if self.updates % c.policy_frequency == 0:
             for k in range(c.policy_frequency):
                 stats |= self._actor_step(obs, noise[1 + k])

@@ -9,16 +9,21 @@ This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in f
 from __future__ import annotations
 
 import copy
+import functools
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import TD3Config
-from rlrun.algos.continuous import ContinuousControl, CriticLearner
+from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
 from rlrun.algos.finite import require_finite
-from rlrun.algos.off_policy import polyak_update
-from rlrun.algos.protocol import EnvSpec
+from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
+from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
+from rlrun.models import trainable
 from rlrun.models.continuous import DeterministicActor, TwinQ
 
 
@@ -52,24 +57,66 @@ class TD3Networks(nn.Module):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
 
 
-class TD3(ContinuousControl):
-    """Each update steps the critics, and every policy_delay updates the actor and both targets."""
+class TD3(ReplayAlgorithm):
+    """Each update steps the critics, and every policy_delay updates the actor and both targets. Composed of
+    continuous.py's parts (the action bounds, the critics' learner and step, the networks' state) on the shared replay
+    (off_policy.py)."""
+
+    modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
 
     def __init__(self, cfg: TD3Config, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
-        super().__init__(cfg, spec, device, reductions)
-        self.model = TD3Networks(self.obs_dim, self.bounds.dim, model_cfg).to(device)
-        self.critic_learner = CriticLearner(self.model.critic, cfg.batch_size, 1.0)
-        self.actor_learner = TD3ActorLearner(self.model.actor, cfg.batch_size)
+        self.bounds, obs_dtype, obs_dim = replay_layout(spec, cfg.name)
+        super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
+        self.model = TD3Networks(obs_dim, self.bounds.dim, model_cfg).to(device)
+        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
+        # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
+        self.critic_learner: nn.Module = CriticLearner(self.model.critic, cfg.batch_size, 1.0)
+        self.actor_learner: nn.Module = TD3ActorLearner(self.model.actor, cfg.batch_size)
+
+    # Built on first use, as DQN's: an acceleration may put others in their place first.
+    @functools.cached_property
+    def critic_optimizer(self) -> torch.optim.Optimizer:
+        return self.parts.make_optimizer(trainable(self.model.critic))
+
+    @functools.cached_property
+    def actor_optimizer(self) -> torch.optim.Optimizer:
+        return self.parts.make_optimizer(trainable(self.model.actor))
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"critic": self.critic_optimizer, "actor": self.actor_optimizer}
+
+    def wrap_learner(self, wrap: Wrap) -> None:
+        self.critic_learner = wrap(self.critic_learner, trainable(self.model.critic))
+        self.actor_learner = wrap(self.actor_learner, trainable(self.model.actor))
+        self.sync_targets()
 
     def sync_targets(self) -> None:
         polyak_update(self.model.critic_target, self.model.critic, 1.0)
         polyak_update(self.model.actor_target, self.model.actor, 1.0)
 
     def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:
+        """The policy's actions in [-1, 1]^A: mu(s), or with Gaussian exploration noise."""
         mu = self.model.actor(obs)
         if deterministic or self.cfg.exploration_noise == 0:
             return mu
         return (mu + self.cfg.exploration_noise * torch.randn(mu.shape, device=self.device)).clamp(-1.0, 1.0)
+
+    @torch.inference_mode()
+    def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
+        policy = None if self.updates == 0 else lambda: self.unit_actions(self._obs(obs), deterministic=False)
+        return self.bounds.explore(len(obs), policy)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
+        """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
+        self.model.eval()
+        return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
+
+    def learner_state(self) -> dict[str, Any]:
+        return learner_state(self.model, self.optimizers())
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        load_learner_state(self, self.model, self.optimizers(), state)
 
     def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):
         """One TD3 update on this rank's items. `noise` [n, A] is the standard-normal noise of the target actions
@@ -83,7 +130,8 @@ class TD3(ContinuousControl):
             next_actions = smoothed_target_actions(nets.actor_target(next_obs), smoothing, c.target_noise_clip)
             next_q = nets.critic_target(next_obs, next_actions).min(0).values
             targets = batch["returns"] + batch["discount"] * next_q
-        stats, td_abs = self.step_critics(obs, batch["actions"], targets, weights)
+        critic_batch = (obs, batch["actions"], targets, weights)
+        stats, td_abs = step_critics(self.critic_learner, self.critic_optimizer, critic_batch, c.name, c.batch_size)
         if self.updates % c.policy_delay == 0:
             actor_loss = self.actor_learner(obs, nets.critic)
             require_finite(actor_loss, "the TD3 actor loss")

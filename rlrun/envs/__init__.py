@@ -325,13 +325,3 @@ def make_vector_env(
 def env_seeds(seed: int, rank: int, num_envs: int, stream: int = 0) -> list[int]:
     """Distinct seeds per (seed, rank, stream, env): training envs use stream 0, evaluation stream 1."""
     return [int(s) for s in np.random.SeedSequence([seed, rank, stream]).generate_state(num_envs)]
-
-
-def finished_episodes(info: dict, num_envs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mask [N], returns [N], lengths [N]) of the episodes that ended in this vector step, read from
-    RecordEpisodeStatistics through SAME_STEP autoreset infos; returns/lengths are 0 where mask is False."""
-    final = info.get("final_info")
-    if not final or "episode" not in final:
-        return np.zeros(num_envs, dtype=bool), np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-    episode = final["episode"]
-    return final["_episode"], episode["r"].astype(np.float64), episode["l"].astype(np.int64)

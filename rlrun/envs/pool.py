@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
+from rlrun.envs.protocol import ArgsOf, Job, StepResult
 from rlrun.envs.sync import batch_infos, env_buffers, run_command, step_results
 from rlrun.errors import NonFiniteError
 
@@ -329,12 +330,12 @@ class WorkerPool:
         for w in self.group_workers[group]:
             self._send(w, ("step", None))
 
-    def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        """Wait for `group`'s step: (obs, rewards, terminated, truncated, infos) for its envs."""
+    def recv(self, group: int) -> StepResult:
+        """Wait for `group`'s step: what its envs returned."""
         infos = [item for w in self.group_workers[group] for item in self._recv(w, "step")]
         return step_results(self.buffers, self.groups[group], infos)
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray) -> StepResult:
         for g, sl in enumerate(self.groups):
             self.send(g, actions[sl])
         infos = [item for w in range(len(self.slices)) for item in self._recv(w, "step")]
@@ -354,13 +355,11 @@ class WorkerPool:
         finally:
             os.close(fd)
 
-    def run(self, what: str, job: Callable, *args) -> list:
-        """job(WorkerContext, *args) in every worker at once; their results, in worker order. `what` names
-        the job in errors; `job` must be a module-level function (it is pickled by name). A job that steps
-        envs through WorkerContext.step may run as long as it keeps stepping: the timeout applies to each step.
-        A job that fails outside an env sets WorkerContext.where[0] = None."""
-        for w in range(self.num_workers):
-            self._send(w, ("run", (job, args)))
+    def run(self, what: str, job: Job, args_of: ArgsOf) -> list:
+        """JobRunner.run: job(WorkerContext, *args_of(its envs)) in every worker at once; their results, in worker
+        order. The arguments cross a pipe, pickled; large arrays go through `share` instead."""
+        for w, sl in enumerate(self.slices):
+            self._send(w, ("run", (job, args_of(sl))))
         return [self._recv(w, what) for w in range(self.num_workers)]
 
     def check_alive(self) -> None:

@@ -24,6 +24,7 @@ from gymnasium.vector.utils import batch_space
 
 from rlrun.config import EnvConfig
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerContext, split_envs
+from rlrun.envs.protocol import ArgsOf, EndedEpisodes, Job, StepResult
 from rlrun.envs.sync import batch_infos, env_buffers, env_nonfinite, run_command
 from rlrun.errors import NonFiniteError, UserError
 
@@ -271,11 +272,11 @@ class RayEnvs:
             for w in self.group_workers[group]
         ]
 
-    def recv(self, group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        """Wait for `group`'s step: (obs, rewards, terminated, truncated, infos) for its envs."""
+    def recv(self, group: int) -> StepResult:
+        """Wait for `group`'s step: what its envs returned."""
         return _joined(self._recv(self.group_workers[group], self._pending.pop(group), "step"))
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray) -> StepResult:
         for g, sl in enumerate(self.groups):
             self.send(g, actions[sl])
         answers = []
@@ -283,11 +284,10 @@ class RayEnvs:
             answers += self._recv(self.group_workers[g], self._pending.pop(g), "step")
         return _joined(answers)
 
-    def run(self, what: str, job: Callable, args_of: Callable[[slice], tuple]) -> list:
-        """job(WorkerContext, *args_of(its envs)) in every actor at once, over its own envs and arrays; their results,
-        in actor order. `job` must be a module-level function (Ray pickles it by name). An array all actors take
-        goes through Ray's object store once when passed as ray.put's reference (an actor gets the array). A job
-        that steps envs through WorkerContext.step may run as long as it keeps stepping."""
+    def run(self, what: str, job: Job, args_of: ArgsOf) -> list:
+        """JobRunner.run: job(WorkerContext, *args_of(its envs)) in every actor at once, over its own envs and arrays;
+        their results, in actor order. An array all actors take goes through Ray's object store once when passed as
+        ray.put's reference (an actor gets the array)."""
         refs = [a.run.remote(job, *args_of(sl)) for a, sl in zip(self.actors, self.slices)]
         return self._recv(range(self.num_workers), refs, what)
 
@@ -323,10 +323,12 @@ class RayEnvs:
             self.close()
 
 
-def _joined(answers: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+def _joined(answers: list[tuple]) -> StepResult:
     """One vector step's results from the answers of consecutive actors: arrays joined, infos batched."""
-    *arrays, infos = zip(*answers)
-    return (*(np.concatenate(a) for a in arrays), batch_infos([i for part in infos for i in part]))
+    obs, rewards, terminated, truncated, infos = zip(*answers)
+    per_env = [i for part in infos for i in part]
+    arrays = (np.concatenate(a) for a in (obs, rewards, terminated, truncated))
+    return StepResult(*arrays, batch_infos(per_env), EndedEpisodes.of_infos(per_env))
 
 
 def _cause(e: Exception) -> str:

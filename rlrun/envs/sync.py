@@ -15,6 +15,7 @@ import numpy as np
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from rlrun.envs.protocol import EndedEpisodes, StepResult
 from rlrun.envs.state import env_state, load_env_state
 from rlrun.errors import NonFiniteError
 
@@ -110,15 +111,16 @@ def batch_infos(infos: list[dict]) -> dict:
     return out
 
 
-def step_results(b: dict[str, np.ndarray], envs: slice, infos: list[dict]) -> tuple:
-    """(obs, rewards, terminated, truncated, infos) of the envs in `envs`, as VectorEnv.step returns: copies,
-    as the next step overwrites the buffers."""
-    return (
+def step_results(b: dict[str, np.ndarray], envs: slice, infos: list[dict]) -> StepResult:
+    """What VectorEnv.step returns for the envs in `envs`, whose per-env infos are `infos`: copies, as the next step
+    overwrites the buffers."""
+    return StepResult(
         b["obs"][envs].copy(),
         b["rewards"][envs].copy(),
         b["terminated"][envs].copy(),
         b["truncated"][envs].copy(),
         batch_infos(infos),
+        EndedEpisodes.of_infos(infos),
     )
 
 
@@ -153,10 +155,10 @@ class SyncEnvs:
         self.buffers["actions"][:] = actions
         self._infos = self._run("step")
 
-    def recv(self, group: int):
+    def recv(self, group: int) -> StepResult:
         return step_results(self.buffers, self.groups[0], self._infos)
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray) -> StepResult:
         self.send(0, actions)
         return self.recv(0)
 

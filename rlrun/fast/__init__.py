@@ -11,6 +11,8 @@ aside with one line when they differ (selfcheck.py), so an edit to algos/ or mod
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rlrun.algos.a2c import A2C, A2CParts, A2CUnroll
@@ -34,7 +36,8 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
     """Swap the accelerations that apply into `algo`'s parts (built, not yet trained or wrapped in DDP); `algo`
     collects from `envs`. Returns their names, for the log. Each with the condition it needs and why it pays:"""
     parts = getattr(algo, "parts", None)  # an algorithm without declared parts has nothing to swap
-    if parts is None or not algo.cfg.fast:
+    cfg: Any = getattr(algo, "cfg", None)  # the algorithm's config section (algo.fast, its lr and Adam epsilon)
+    if parts is None or cfg is None or not cfg.fast:
         return []
     if isinstance(parts, PPOParts):
         return _accelerate_ppo(algo, parts, envs)
@@ -44,7 +47,7 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
         # DQN, SAC, TD3: parameters and gradients in one flat buffer per optimizer, so zeroing, clipping and the Adam
         # step are a few calls for the whole network. (Losses with hand-written gradients, as PPO's, were tried for
         # SAC and measured no faster: at its sizes the update is its matrix products, not operator overhead.)
-        _flat_adam(parts, algo.cfg.lr, algo.cfg.adam_eps)
+        _flat_adam(parts, cfg.lr, cfg.adam_eps)
         return ["flat Adam"]
     return []
 

@@ -112,5 +112,6 @@ class FlatAdams:
         self.last = FlatAdam(params, self.lr, self.eps)
         return self.last
 
-    def clip_grad_norm_(self, parameters, max_norm: float) -> Tensor:
+    def clip_grad_norm_(self, parameters: list[Tensor], max_norm: float) -> Tensor:
+        assert self.last is not None, "clip_grad_norm_ before the optimizer was made"
         return self.last.clip_grad_norm_(parameters, max_norm)

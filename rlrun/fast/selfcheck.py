@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from rlrun.algos.parts import Acting
+
 log = logging.getLogger("rlrun")
 
 # float32 sums in another order (a fused gradient, numpy's matmul) differ from autograd's by about 1e-6 of the
@@ -24,10 +26,13 @@ TOLERANCE = 1e-4
 def difference(fast: Tensor | None, reference: Tensor | None, floor: float = 1.0) -> float:
     """max |fast - reference| / max(max |reference|, floor): relative where the reference is large, absolute under
     `floor`. None (a parameter a computation does not reach, so no gradient) counts as zeros."""
-    if fast is None and reference is None:
-        return 0.0
-    fast = torch.zeros_like(reference) if fast is None else fast.detach()
-    reference = torch.zeros_like(fast) if reference is None else reference.detach()
+    if fast is None:
+        if reference is None:
+            return 0.0
+        fast = torch.zeros_like(reference)
+    if reference is None:
+        reference = torch.zeros_like(fast)
+    fast, reference = fast.detach(), reference.detach()
     if fast.shape != reference.shape:
         return float("inf")
     scale = max(float(reference.abs().max()) if reference.numel() else 0.0, floor)
@@ -69,7 +74,8 @@ class CheckedLearner(nn.Module):
             self.checked = True
             if steps_aside(self.NAME, self.REFERENCE, self.difference(minibatch)):
                 self.active = self.reference
-        return self.active(**minibatch)
+        result: tuple[Tensor, Tensor] = self.active(**minibatch)
+        return result
 
     def difference(self, minibatch: dict[str, Tensor]) -> float:
         """The largest difference in loss, stats and gradients, on the minibatch and on a probe of it whose old
@@ -97,7 +103,7 @@ class CheckedPolicy:
 
     NAME, REFERENCE = "numpy acting", "models/ (ActorCritic.act)"
 
-    def __init__(self, fast, reference: nn.Module):
+    def __init__(self, fast: Acting, reference: Acting):
         self.fast, self.reference = fast, reference
         self.active, self.checked = fast, False
 

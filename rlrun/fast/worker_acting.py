@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.ppo import PPO
-from rlrun.algos.protocol import Episodes
 from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, observe_step
 from rlrun.envs.pool import WorkerContext, WorkerPool
+from rlrun.envs.protocol import Episodes
 from rlrun.envs.ray_envs import RayEnvs
 from rlrun.envs.sync import step_results
 from rlrun.fast.flat_adam import flat_views
@@ -34,7 +34,7 @@ class WorkerActing:
     def __init__(self, algo: PPO, pool: WorkerPool):
         self.algo, self.pool = algo, pool
         self.shared = {name: torch.from_numpy(a) for name, a in pool.share(_specs(algo)).items()}
-        pool.run("building the policy", _build_policy, algo.model_spec)
+        pool.run("building the policy", _build_policy, lambda _: (algo.model_spec,))
 
     def collect_steps(
         self, envs: WorkerPool, obs: np.ndarray, cut: None = None
@@ -50,7 +50,7 @@ class WorkerActing:
         num_steps, num_envs = r.values.shape
         s["noise"].copy_(_noise(model, s["noise"].shape))
         self.pool.buffers["obs"][:] = obs
-        per_worker = self.pool.run("rollout", _rollout_in_worker, num_steps)
+        per_worker = self.pool.run("rollout", _rollout_in_worker, lambda _: (num_steps,))
         for name in _WRITTEN:
             torch.as_tensor(getattr(r, name)).copy_(s[name])
         episodes = [worker[t] for t in range(num_steps) for worker in per_worker]  # workers hold ascending envs

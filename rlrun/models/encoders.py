@@ -4,10 +4,12 @@ encoder per key for Dict observations with image keys (a CNN per image, concaten
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -93,8 +95,8 @@ class NatureCNN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # Scaling to [0, 1] is folded into the first layer's weights: one op on a small tensor instead of one
         # on the whole batch. (.float() keeps the frames' memory layout, channels-last or not.)
-        first = self.conv[0]
-        h = first._conv_forward(x.float(), first.weight / 255.0, first.bias)
+        first = cast(nn.Conv2d, self.conv[0])
+        h = F.conv2d(x.float(), first.weight / 255.0, first.bias, first.stride, first.padding)
         return self.fc(self.conv[1:](h))
 
 

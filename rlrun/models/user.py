@@ -38,7 +38,7 @@ def _leaf(x: Tensor, space: gym.Space) -> Tensor:
         return x.argmax(-1) + int(space.start)
     if isinstance(space, gym.spaces.MultiDiscrete):
         sizes = [int(n) for n in space.nvec.ravel()]
-        index = torch.stack([part.argmax(-1) for part in x.split(sizes, -1)], -1)
+        index = torch.stack([part.argmax(-1) for part in torch.split(x, sizes, -1)], -1)
         return (index + torch.as_tensor(space.start.ravel(), device=x.device)).reshape(*lead, *space.shape)
     shape = tuple(space.shape)
     if len(shape) == 3 and space.dtype == np.uint8 and shape[-1] in (1, 3, 4) and shape[0] not in (1, 3, 4):

@@ -1,0 +1,116 @@
+"""The contracts of the envs' side: what one vector step returns (StepResult, with the episodes that ended as a typed
+field), the vector env every backend is (VectorEnv: in-process, forked workers, Ray actors), and the job runner the
+forked pool and the Ray actors both are (JobRunner: a function run on every worker's envs at once)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+Episodes = tuple[np.ndarray, np.ndarray]  # (returns [k], lengths [k]) of the episodes that ended
+
+
+class EndedEpisodes(NamedTuple):
+    """The episodes that ended in one vector step, per env [N]: `ended` marks them; their raw return (float64) and
+    length in agent steps (int64), as RecordEpisodeStatistics counts them, are 0 where `ended` is False."""
+
+    ended: np.ndarray
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def none(cls, num_envs: int) -> EndedEpisodes:
+        """No episode ended among `num_envs` envs."""
+        return cls(np.zeros(num_envs, dtype=bool), np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64))
+
+    @classmethod
+    def of_infos(cls, infos: Sequence[dict[str, Any]]) -> EndedEpisodes:
+        """The episodes that ended, from the per-env infos of one step with SAME_STEP autoreset: an env whose episode
+        ended has its last step's info under "final_info", where RecordEpisodeStatistics put "episode" {r, l}."""
+        out = cls.none(len(infos))
+        for i, info in enumerate(infos):
+            episode = info.get("final_info", {}).get("episode")
+            if episode is not None:
+                out.ended[i], out.returns[i], out.lengths[i] = True, episode["r"], episode["l"]
+        return out
+
+    def finished(self) -> Episodes:
+        """(returns [k], lengths [k]) of the k episodes that ended, in env order."""
+        return self.returns[self.ended], self.lengths[self.ended]
+
+    @staticmethod
+    def joined(parts: Sequence[EndedEpisodes]) -> EndedEpisodes:
+        """The episodes of consecutive groups of envs, as one vector step's."""
+        return EndedEpisodes(*(np.concatenate(arrays) for arrays in zip(*parts)))
+
+
+class StepResult(NamedTuple):
+    """What a vector step returns, [N, ...] per env: gymnasium's five (obs, rewards, terminated, truncated, info),
+    where a finished episode's last observation is info["final_obs"] (SAME_STEP autoreset: `obs` already starts the
+    next one), and the episodes that ended. Copies: the next step does not overwrite them."""
+
+    obs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: dict[str, Any]
+    episodes: EndedEpisodes
+
+
+class VectorEnv(Protocol):
+    """A batch of N envs with gymnasium's vector semantics (SAME_STEP autoreset), stepped whole or by groups (double
+    buffering): SyncEnvs (rlrun/envs/sync.py), WorkerPool (pool.py), RayEnvs (ray_envs.py)."""
+
+    num_envs: int
+    num_workers: int  # processes of its own stepping the envs (0: in this process)
+    single_observation_space: gym.Space[Any]
+    single_action_space: gym.Space[Any]
+    groups: list[slice]  # env ranges that step independently: send(g, ...) then recv(g)
+
+    def reset(
+        self, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]: ...
+    def step(self, actions: np.ndarray) -> StepResult: ...
+    def send(self, group: int, actions: np.ndarray) -> None: ...
+    def recv(self, group: int) -> StepResult: ...  # the envs of groups[group] only
+    def check_alive(self) -> None: ...  # raises EnvWorkerError naming a worker that died while idle
+    def get_env_state(self) -> list[Any]: ...
+    def set_env_state(self, state: list[Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+# A job: a module-level function (it is pickled by name) of a worker's WorkerContext and the arguments for its envs.
+if TYPE_CHECKING:
+    from rlrun.envs.pool import WorkerContext
+
+    Job = Callable[Concatenate[WorkerContext, ...], Any]
+else:
+    Job = Callable[..., Any]  # Concatenate[X, ...] takes a bare ... from Python 3.11 on
+# Its arguments for the worker hosting the envs `slice` of the vector env.
+ArgsOf = Callable[[slice], tuple[Any, ...]]
+
+
+class JobRunner(Protocol):
+    """A vector env whose envs live in workers of their own (forked processes: WorkerPool; Ray actors: RayEnvs) that
+    run jobs on their envs: a whole rollout acted by a copy of the policy costs one command per worker."""
+
+    num_workers: int
+    slices: list[slice]  # the envs each worker hosts, contiguous, in worker order
+
+    def run(self, what: str, job: Job, args_of: ArgsOf) -> list[Any]:
+        """job(its WorkerContext, *args_of(its envs)) in every worker at once; their results, in worker order. `what`
+        names the job in errors. A job that steps envs through WorkerContext.step may run as long as it keeps
+        stepping: the step timeout applies to each step. A job that fails outside an env sets where[0] = None."""
+        ...
+
+
+if TYPE_CHECKING:  # mypy holds each backend to the contracts it implements
+    from rlrun.envs.pool import WorkerPool
+    from rlrun.envs.ray_envs import RayEnvs
+    from rlrun.envs.sync import SyncEnvs
+
+    _vector_envs: list[type[VectorEnv]] = [SyncEnvs, WorkerPool, RayEnvs]
+    _job_runners: list[type[JobRunner]] = [WorkerPool, RayEnvs]
