@@ -12,8 +12,7 @@ from rlrun.algos.a2c import A2C, A2CConfig, RMSpropTF, a2c_loss
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import make_vector_env
-from tests.conftest import read_jsonl, rlrun
-from tests.test_train import SMALL, assert_same_tensors, final_state, train
+from tests.conftest import SMALL, assert_same_tensors, final_state, read_jsonl, rlrun, train
 
 
 def test_a2c_loss_on_hand_worked_numbers():

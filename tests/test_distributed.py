@@ -22,10 +22,9 @@ from rlrun.algos.protocol import EnvSpec, Reductions
 from rlrun.config import ModelConfig
 from rlrun.distributed import RankContext
 from rlrun.train import update_metrics
-from tests.conftest import cli_env, free_port, on_gloo_ranks, read_jsonl, rlrun
+from tests.conftest import TWO_RANKS, cli_env, free_port, on_gloo_ranks, read_jsonl, rlrun, train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(240)]
-TWO = ["distributed.nproc_per_node=2", "logging.progress=plain", "eval.episodes=4", "eval.num_envs=2"]
 
 
 MODELS = {"mlp": ModelConfig(), "lstm": ModelConfig(name="lstm", hidden_sizes=[16], shared=True, core_size=8)}
@@ -91,13 +90,6 @@ def one_update_initial(model: str) -> list[torch.Tensor]:
     return [p.detach().clone() for p in algo.model.parameters()]
 
 
-def train(tmp_path: Path, name: str, *args: str, timeout: float = 180) -> Path:
-    run = tmp_path / name
-    out = rlrun("train", *TWO, f"hydra.run.dir={run}", *args, cwd=tmp_path, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-4000:]
-    return run
-
-
 def processes_mentioning(text: str) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -111,7 +103,9 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 def test_two_rank_run_stays_in_sync_and_only_rank0_writes(tmp_path):
-    run = train(tmp_path, "run", "total_steps=8192", "checkpoint.every_steps=4096", "logging.every_steps=1024")
+    run = train(
+        tmp_path, "run", *TWO_RANKS, "total_steps=8192", "checkpoint.every_steps=4096", "logging.every_steps=1024"
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed"
     digests = summary["parameter_digests"]
@@ -136,7 +130,7 @@ def test_two_rank_run_stays_in_sync_and_only_rank0_writes(tmp_path):
 
 def test_two_rank_resume_is_exact(tmp_path):
     args = ["total_steps=8192", "checkpoint.every_steps=4096", "checkpoint.keep_last=5"]
-    full = train(tmp_path, "full", *args)
+    full = train(tmp_path, "full", *TWO_RANKS, *args)
     part = tmp_path / "part"
     shutil.copytree(full, part)
     (part / "checkpoints" / "ckpt_000000008192.pt").unlink()
@@ -167,7 +161,7 @@ def test_failure_on_one_rank_ends_the_job_with_its_traceback(tmp_path):
     start = time.monotonic()
     out = rlrun(
         "train",
-        *TWO,
+        *TWO_RANKS,
         "env.id=Fragile-v0",
         "env.imports=[rank_envs]",
         "total_steps=100000",
@@ -189,7 +183,7 @@ def test_sigint_stops_every_rank_with_a_final_checkpoint(tmp_path):
         "-m",
         "rlrun",
         "train",
-        *TWO,
+        *TWO_RANKS,
         "total_steps=10000000",
         "logging.every_steps=1024",
         f"hydra.run.dir={run}",
@@ -332,7 +326,7 @@ def test_multirun_runs_each_job_on_two_ranks(tmp_path):
         "train",
         "-m",
         "seed=0,1",
-        *TWO,
+        *TWO_RANKS,
         "total_steps=2048",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
         cwd=tmp_path,

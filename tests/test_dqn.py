@@ -4,13 +4,11 @@ an Atari smoke run with prioritized n-step replay, and play on DQN checkpoints."
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import read_jsonl, rlrun
-from tests.test_train import assert_same_tensors, final_state, resumed_copy, train
+from tests.conftest import assert_same_tensors, best_eval, final_state, read_jsonl, resumed_copy, rlrun, train
 
 pytestmark = pytest.mark.slow
 SMALL = [
@@ -119,10 +117,6 @@ TWO_RANKS = ["distributed.nproc_per_node=2", "algo.train_freq=128", "algo.gradie
 # eval is 406.7 here (AMD EPYC, AVX2) and 386.1 on a 2-vCPU Xeon. A random policy scores about 20, an untrained
 # greedy one about 9.
 LEARNED = 250
-
-
-def best_eval(run: Path) -> float:
-    return max(m["eval/return_mean"] for m in read_jsonl(run / "metrics.jsonl") if "eval/return_mean" in m)
 
 
 @pytest.mark.timeout(300)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, rlrun
-from tests.test_recovery import ENVS  # Flaky-v0: CartPole whose 300th step raises while the file BREAK exists
-from tests.test_train import SOLVED, assert_same_tensors, final_state, train
+from tests.conftest import DATA, SOLVED, assert_same_tensors, cli_env, final_state, rlrun, train
 
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils", reason="the ray extra is not installed")
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(180)]
@@ -92,7 +91,9 @@ def test_without_ray_installed_the_backend_says_how_to_get_it(tmp_path):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_env_exception_in_an_actor_names_it_and_leaves_a_recovery_checkpoint(tmp_path, cluster, fast):
-    (tmp_path / "flaky_envs.py").write_text(ENVS)  # imported by the actors from the rank's working directory
+    # Flaky-v0: CartPole whose 300th step raises while the file BREAK exists; imported by the actors from the rank's
+    # working directory
+    shutil.copy(DATA / "recovery_envs.py", tmp_path / "flaky_envs.py")
     (tmp_path / "BREAK").touch()
     run = tmp_path / "run"
     args = ["env.id=Flaky-v0", "env.imports=[flaky_envs]", "env.num_envs=4", f"algo.fast={fast}", *SHORT]

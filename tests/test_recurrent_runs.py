@@ -7,9 +7,7 @@ import re
 import pytest
 import torch
 
-from tests.conftest import rlrun
-from tests.test_distributed import train as train_two_ranks
-from tests.test_train import SMALL, assert_same_tensors, final_state, train
+from tests.conftest import SMALL, TWO_RANKS, assert_same_tensors, final_state, rlrun, train
 
 pytestmark = pytest.mark.slow
 QUIET = ["eval.every_steps=0", "checkpoint.every_steps=0", "logging.progress=plain"]
@@ -64,7 +62,7 @@ def test_lstm_resumed_with_worker_pool_equals_uninterrupted_run(tmp_path):
 @pytest.mark.timeout(240)
 def test_two_ranks_train_an_lstm_with_forked_env_workers_in_step(tmp_path):
     subproc = ["env.vector.backend=subproc", "env.vector.num_workers=2"]
-    run = train_two_ranks(tmp_path, "run", "env=cartpole_masked", "model=lstm", *subproc, "total_steps=4096")
+    run = train(tmp_path, "run", *TWO_RANKS, "env=cartpole_masked", "model=lstm", *subproc, "total_steps=4096")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed" and summary["env_steps"] == 4096
     assert len(set(summary["parameter_digests"])) == 1  # both ranks took the same synchronized updates

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +15,19 @@ import torch
 from rlrun.algos import SACConfig, TD3Config, build_algo
 from rlrun.algos.protocol import Reductions
 from rlrun.distributed import RankContext
-from tests.conftest import on_gloo_ranks, read_jsonl, rlrun
-from tests.test_sac import PENDULUM, SMALL_NET, _batch
-from tests.test_train import assert_same_tensors, final_state, resumed_copy, train
+from tests.conftest import (
+    PENDULUM,
+    SMALL_NET,
+    assert_same_tensors,
+    best_eval,
+    final_state,
+    on_gloo_ranks,
+    read_jsonl,
+    resumed_copy,
+    rlrun,
+    sac_batch,
+    train,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +47,7 @@ def updates_on_a_shared_batch(ctx: RankContext, algo: str, batch: int = 8) -> di
     a.sync_targets()
     rows = slice(0, batch) if ctx.world_size == 1 else [slice(0, 5), slice(5, batch)][ctx.rank]
     for step in (1, 2):
-        full, g = _batch(batch, seed=step), torch.Generator().manual_seed(10 + step)
+        full, g = sac_batch(batch, seed=step), torch.Generator().manual_seed(10 + step)
         noise = torch.randn(2, batch, 1, generator=g) if algo == "sac" else torch.randn(batch, 1, generator=g)
         mine = {k: v[rows] for k, v in full.items()}
         a.updates = step
@@ -64,10 +73,6 @@ def test_two_ranks_with_part_of_each_batch_equal_one_process_with_all(algo):
 PENDULUM_RUN = ["env=pendulum", "model.hidden_sizes=[64,64]", "total_steps=8000", "eval.every_steps=2000"]
 LEARNED = -400
 PENDULUM_RUN += ["eval.episodes=10", "logging.progress=plain", "checkpoint.every_steps=0", "seed=1"]
-
-
-def best_eval(run: Path) -> float:
-    return max(m["eval/return_mean"] for m in read_jsonl(run / "metrics.jsonl") if "eval/return_mean" in m)
 
 
 @pytest.mark.timeout(300)

@@ -3,58 +3,13 @@
 import json
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import read_jsonl, rlrun
+from tests.conftest import SMALL, SOLVED, assert_same_tensors, final_state, read_jsonl, rlrun, train
 
 pytestmark = pytest.mark.slow
-# CartPole solved, with room for another CPU's numerics: PPO's default run ends at 500 here (AVX2), and a trajectory
-# moves with the kernels' float sums; a random policy scores about 20.
-SOLVED = 400
-SMALL = [
-    "total_steps=4096",
-    "eval.every_steps=2048",
-    "eval.episodes=4",
-    "eval.num_envs=2",
-    "logging.every_steps=512",
-    "logging.progress=plain",
-    "checkpoint.every_steps=2048",
-    "checkpoint.keep_last=5",
-]
-
-
-def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
-    run = tmp_path / name
-    out = rlrun("train", f"hydra.run.dir={run}", *args, cwd=tmp_path, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run
-
-
-def final_state(run: Path) -> dict:
-    return torch.load(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1], weights_only=True)
-
-
-def resumed_copy(tmp_path: Path, full: Path, steps: int, timeout: float = 180) -> Path:
-    """A copy of the run folder `full` as if its job had died after the checkpoint at `steps` env steps (the later
-    checkpoints, their replay shards and the summary gone), resumed to its end; returns the copy."""
-    part = tmp_path / "part"
-    shutil.copytree(full, part)
-    for file in (part / "checkpoints").iterdir():
-        if int(file.stem.split("_")[1]) > steps:
-            file.unlink()
-    (part / "summary.json").unlink()
-    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return part
-
-
-def assert_same_tensors(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
 
 
 @pytest.mark.timeout(300)

@@ -14,9 +14,8 @@ from rlrun.algos import ALGORITHMS, build_algo
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import ModelConfig
 from rlrun.models import UserActorCritic
-from tests.conftest import rlrun
+from tests.conftest import DATA, rlrun, train
 
-NETS = Path(__file__).parent / "data" / "user_nets.py"
 CARTPOLE = (gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2))
 PENDULUM = (gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)))
 FRAMES = (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(4))
@@ -58,12 +57,9 @@ def test_a_users_network_is_built_with_the_spaces_and_acts(algo, target, spaces)
 
 
 def _train(tmp_path: Path, name: str, *args: str, timeout: float = 180) -> dict:
-    shutil.copy(NETS, tmp_path / "user_nets.py")  # in the working directory, as `python -m` would find it
-    out = rlrun(
-        "train", f"hydra.run.dir={tmp_path / name}", "logging.progress=plain", *args, cwd=tmp_path, timeout=timeout
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads((tmp_path / name / "summary.json").read_text())
+    shutil.copy(DATA / "user_nets.py", tmp_path)  # in the working directory, as `python -m` would find it
+    run = train(tmp_path, name, "logging.progress=plain", *args, timeout=timeout)
+    return json.loads((run / "summary.json").read_text())
 
 
 @pytest.mark.slow
