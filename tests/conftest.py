@@ -9,6 +9,7 @@ import math
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -50,6 +51,18 @@ TWO_RANKS = ["distributed.nproc_per_node=2", "logging.progress=plain", "eval.epi
 # The spaces of Pendulum-v1 for SAC and TD3 built without an env.
 PENDULUM = EnvSpec(gym.spaces.Box(-8.0, 8.0, (3,)), gym.spaces.Box(-2.0, 2.0, (1,)), num_envs=1)
 SMALL_NET = ModelConfig(hidden_sizes=[16, 16], activation="relu")
+# CleanRL dqn.py's CartPole settings (its target sync every 500 env steps = 50 updates here; no grad clipping),
+# for 50k steps instead of 500k. With them the replay must start updates at exactly its size, and the MSE loss
+# learns (eval 489 / 312 / 177 at 50k on seeds 1-3) where Huber lets Q run away (eval about 9 on all three). The
+# spread over seeds is what another CPU's numerics can do to seed 1: the bound is below the worst of them.
+DQN_CLEANRL = [
+    "algo=dqn", "total_steps=50000", "algo.lr=2.5e-4", "algo.buffer_size=10000", "algo.learning_starts=10000",
+    "algo.batch_size=128", "algo.n_step=1", "algo.train_freq=10", "algo.gradient_steps=1",
+    "algo.target_update_interval=50", "algo.tau=1.0", "algo.start_e=1.0", "algo.end_e=0.05",
+    "algo.exploration_fraction=0.5", "algo.max_grad_norm=1000", "env.num_envs=1", "model.hidden_sizes=[120,84]",
+    "model.activation=relu", "eval.every_steps=10000", "eval.episodes=10", "logging.progress=plain",
+    "checkpoint.every_steps=0",
+]  # fmt: skip
 
 
 def cli_env() -> dict[str, str]:
@@ -169,6 +182,59 @@ def assert_reaped(pool) -> None:
     """Close a WorkerPool and check that every worker process has exited."""
     pool.close()
     assert all(p.exitcode is not None for p in pool.procs)
+
+
+def _torchrun_job(run: Path) -> subprocess.Popen:
+    """One finished external-torchrun job, as short as a run can be: one iteration, one eval episode."""
+    args = ["total_steps=2048", "eval.episodes=1", "eval.num_envs=1", "checkpoint.every_steps=0"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + ["-m", "rlrun", "train", *args, "logging.progress=none", "logging.tensorboard=false", f"hydra.run.dir={run}"],
+        cwd=run.parent,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def torchrun_failures(tmp_path: Path, pairs: int) -> list[str]:
+    """Runs `pairs` x 2 short two-rank jobs under an external torchrun, two at a time; what went wrong in each that
+    did not exit 0 with a completed run."""
+    failures = []
+    for pair in range(pairs):
+        jobs = {run: _torchrun_job(run) for run in (tmp_path / f"run{pair}_{k}" for k in range(2))}
+        try:
+            for run, job in jobs.items():
+                _, err = job.communicate(timeout=240)
+                if job.returncode != 0 or "terminate called" in err:
+                    failures.append(f"{run.name}: exit {job.returncode}: {err[-1500:]}")
+                elif json.loads((run / "summary.json").read_text())["status"] != "completed":
+                    failures.append(f"{run.name}: not completed")
+        finally:
+            for job in jobs.values():
+                if job.poll() is None:  # the agent takes its ranks with it
+                    job.send_signal(signal.SIGTERM)
+                    job.wait(30)
+    return failures
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes of 2 CPUs each on this machine; its address (the test is skipped without the ray extra)."""
+    cluster_utils = pytest.importorskip("ray.cluster_utils", reason="the ray extra is not installed")
+    nodes = cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 2})
+    try:
+        nodes.add_node(num_cpus=2)
+        nodes.wait_for_nodes()
+        yield nodes.address
+    finally:
+        nodes.shutdown()
+
+
+def on_ray(address: str, *args: str) -> list[str]:
+    """Overrides that put a run's envs on Ray actors of the cluster at `address`."""
+    return ["env.vector.backend=ray", f"env.vector.ray_address={address}", *args]
 
 
 def free_port() -> int:

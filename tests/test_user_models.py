@@ -63,10 +63,18 @@ def _train(tmp_path: Path, name: str, *args: str, timeout: float = 180) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_ppo_learns_cartpole_with_a_users_network_then_plays(tmp_path):
-    summary = _train(tmp_path, "ppo", "model._target_=user_nets.TinyActorCritic", "+model.kwargs.hidden=64")
-    assert summary["eval_return_mean"] >= 250, summary  # seed 1 ends at 423 here; margin for other CPUs (random: 20)
+@pytest.mark.timeout(180)
+def test_ppo_trains_a_users_network_then_plays(tmp_path):
+    # That it learns CartPole with it: bench/learning/test_user_models.py.
+    summary = _train(
+        tmp_path,
+        "ppo",
+        "model._target_=user_nets.TinyActorCritic",
+        "+model.kwargs.hidden=64",
+        "total_steps=2048",
+        "eval.episodes=2",
+    )
+    assert summary["status"] == "completed" and np.isfinite(summary["eval_return_mean"]), summary
     out = rlrun("play", f"checkpoint={tmp_path / 'ppo'}", "episodes=2", cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "mean" in out.stdout
