@@ -51,7 +51,7 @@ def test_short_runs_of_the_reference_alone_and_of_pendulum_complete(tmp_path):
     # algo.fast=false: rlrun/algos/ppo.py as written (autograd, torch.optim.Adam, torch acting), nothing swapped.
     reference = train(tmp_path, "reference", *SMALL, "algo.fast=false", "total_steps=2048")
     assert "accelerations: none" in (reference / "train.log").read_text()
-    pendulum = train(tmp_path, "pendulum", *SMALL, "env=pendulum", "algo.num_minibatches=16", "total_steps=2048")
+    pendulum = train(tmp_path, "pendulum", *SMALL, "env=pendulum", "algo.num_steps=512", "total_steps=2048")
     for run in (reference, pendulum):
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "completed" and math.isfinite(summary["eval_return_mean"]), summary
