@@ -13,7 +13,7 @@ from tests.conftest import SMALL, assert_same_tensors, final_state, read_jsonl, 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_a_short_run_writes_its_folder_then_plays_and_records_a_video(tmp_path):
     # That the default run solves CartPole and plays it back solved: bench/learning/test_ppo.py.
     run = train(tmp_path, "run", *SMALL)
