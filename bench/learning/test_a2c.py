@@ -1,4 +1,4 @@
-"""A2C learns CartPole on one rank (200k steps) and on two. `make test` keeps short runs (tests/test_a2c.py)."""
+"""A2C learns CartPole on one rank (200k steps) and on two. `make test` keeps short runs (tests/runs/test_a2c.py)."""
 
 import json
 

@@ -1,5 +1,5 @@
 """DQN learns CartPole on one rank (then plays), on two ranks, and with CleanRL's hyperparameters. `make test`
-keeps short runs of the same settings (tests/test_dqn.py)."""
+keeps short runs of the same settings (tests/runs/test_dqn.py)."""
 
 import json
 

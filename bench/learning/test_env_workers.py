@@ -1,5 +1,6 @@
 """The default CartPole run with its envs in forked workers that act for them, and on Ray actors spread over two
-nodes, solves it. `make test` keeps short runs of both (tests/test_worker_acting.py, tests/test_ray_envs.py)."""
+nodes, solves it. `make test` keeps short runs of both (tests/runs/test_worker_acting.py,
+tests/cluster/test_ray_envs.py)."""
 
 import json
 
@@ -19,7 +20,7 @@ def test_default_cartpole_run_with_acting_workers_solves_it(tmp_path):
 
 @pytest.mark.dist
 def test_actors_on_both_nodes_train_cartpole(tmp_path, ray_cluster):
-    # The default run, as tests/test_worker_acting.py trains it on forked workers: the same rollouts and model.
+    # The default run, as tests/runs/test_worker_acting.py trains it on forked workers: the same rollouts and model.
     run = train(
         tmp_path, "run", *on_ray(ray_cluster, "env.vector.num_workers=2"), "logging.progress=plain", timeout=240
     )

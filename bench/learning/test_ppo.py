@@ -1,6 +1,6 @@
 """PPO learns: the default run solves CartPole (then plays it back and records a video), the reference alone
 (algo.fast=false) solves it too, and Pendulum improves. `make test` keeps short runs of the same machinery
-(tests/test_train.py)."""
+(tests/runs/test_train.py)."""
 
 import json
 import re

@@ -1,5 +1,5 @@
 """Recurrent policies learn what an MLP cannot: LSTM and LRU against MLP on masked CartPole, and play carries the
-LSTM's state. `make test` keeps short runs (tests/test_recurrent_runs.py)."""
+LSTM's state. `make test` keeps short runs (tests/runs/test_recurrent_runs.py)."""
 
 import json
 import re

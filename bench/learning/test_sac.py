@@ -1,5 +1,5 @@
 """SAC and TD3 learn Pendulum on one rank (then play), SAC on two ranks with identical networks. `make test` keeps
-short runs (tests/test_sac_runs.py)."""
+short runs (tests/runs/test_sac_runs.py)."""
 
 import json
 

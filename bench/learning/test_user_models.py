@@ -1,5 +1,5 @@
 """A user's own network learns CartPole through the CLI, then plays. `make test` keeps a short run
-(tests/test_user_models.py)."""
+(tests/runs/test_user_models.py)."""
 
 import json
 import shutil

@@ -1,5 +1,5 @@
 """Accelerations: faster stand-ins for parts of the reference algorithms (rlrun/algos/), each with the same
-signature as the part it replaces and a test comparing the two through it (tests/test_fast_paths.py).
+signature as the part it replaces and a test comparing the two through it (tests/unit/test_fast_paths.py).
 `accelerate` is the one place that decides which apply, and says why; algos/ and models/ never import this.
 With algo.fast=false none applies and the run is the reference, end to end."""
 

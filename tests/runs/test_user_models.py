@@ -40,7 +40,7 @@ class Frames(torch.nn.Module):
         ("ppo", "tests.data.user_nets.TinyActorCritic", CARTPOLE),
         ("ppo", "tests.data.user_nets.TinyActorCritic", PENDULUM),
         ("a2c", "tests.data.user_nets.TinyActorCritic", PENDULUM),
-        ("a2c", "tests.test_user_models.Frames", FRAMES),
+        ("a2c", "tests.runs.test_user_models.Frames", FRAMES),
         ("dqn", "tests.data.user_nets.TinyQ", CARTPOLE),
     ],
 )
