@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # A plain `torch` would pull a multi-GB CUDA build; the pinned CPU wheel is what runs here and in CI.
 TORCH  := torch==2.13.0
 
-.PHONY: install train test test-fast typecheck bench gpu-check lint clean
+.PHONY: install train test test-fast typecheck learning bench gpu-check lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,10 +28,14 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: typecheck
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not dist"
+
+# The long learning checks (runs to a learned result, repeated-run stress): bench/learning/, not part of `make test`.
+learning: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q bench/learning
 
 bench: $(STAMP)
 	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,envs,dev,bench]'

@@ -1,23 +1,68 @@
-"""Shared helpers: run the real CLI in a subprocess (with a timeout, reaped), and check no test leaves
-processes behind."""
+"""The one module of shared test helpers (test modules import from here, never from each other): run the real CLI
+in a subprocess (with a timeout, reaped), short training runs and what they leave, real gloo groups, envs that
+misbehave on purpose, and the check that no test leaves processes behind. bench/learning imports them too."""
 
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from rlrun.algos.protocol import EnvSpec
+from rlrun.config import CONF_DIR, ModelConfig, TrainConfig
+from rlrun.config.store import register_configs
 from rlrun.distributed import from_env
 
 REPO = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+# CartPole solved, with room for another CPU's numerics: PPO's default run ends at 500 here (AVX2), and a trajectory
+# moves with the kernels' float sums; a random policy scores about 20.
+SOLVED = 400
+# A short PPO CartPole run: checkpoints at 2048 and 4096 steps, evaluations at both, 8 metric lines.
+SMALL = [
+    "total_steps=4096",
+    "eval.every_steps=2048",
+    "eval.episodes=4",
+    "eval.num_envs=2",
+    "logging.every_steps=512",
+    "logging.progress=plain",
+    "checkpoint.every_steps=2048",
+    "checkpoint.keep_last=5",
+]
+# The same run on two ranks of one node (overrides placed before a test's own, which may change them).
+TWO_RANKS = ["distributed.nproc_per_node=2", "logging.progress=plain", "eval.episodes=4", "eval.num_envs=2"]
+# The spaces of Pendulum-v1 for SAC and TD3 built without an env.
+PENDULUM = EnvSpec(gym.spaces.Box(-8.0, 8.0, (3,)), gym.spaces.Box(-2.0, 2.0, (1,)), num_envs=1)
+SMALL_NET = ModelConfig(hidden_sizes=[16, 16], activation="relu")
+# CleanRL dqn.py's CartPole settings (its target sync every 500 env steps = 50 updates here; no grad clipping),
+# for 50k steps instead of 500k. With them the replay must start updates at exactly its size, and the MSE loss
+# learns (eval 489 / 312 / 177 at 50k on seeds 1-3) where Huber lets Q run away (eval about 9 on all three). The
+# spread over seeds is what another CPU's numerics can do to seed 1: the bound is below the worst of them.
+DQN_CLEANRL = [
+    "algo=dqn", "total_steps=50000", "algo.lr=2.5e-4", "algo.buffer_size=10000", "algo.learning_starts=10000",
+    "algo.batch_size=128", "algo.n_step=1", "algo.train_freq=10", "algo.gradient_steps=1",
+    "algo.target_update_interval=50", "algo.tau=1.0", "algo.start_e=1.0", "algo.end_e=0.05",
+    "algo.exploration_fraction=0.5", "algo.max_grad_norm=1000", "env.num_envs=1", "model.hidden_sizes=[120,84]",
+    "model.activation=relu", "eval.every_steps=10000", "eval.episodes=10", "logging.progress=plain",
+    "checkpoint.every_steps=0",
+]  # fmt: skip
 
 
 def cli_env() -> dict[str, str]:
@@ -37,6 +82,159 @@ def rlrun(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedPr
         text=True,
         timeout=timeout,
     )
+
+
+def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
+    """A `rlrun train` run in tmp_path/name that must succeed; returns its run folder."""
+    run = tmp_path / name
+    out = rlrun("train", f"hydra.run.dir={run}", *args, cwd=tmp_path, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return run
+
+
+def final_state(run: Path) -> dict:
+    return torch.load(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1], weights_only=True)
+
+
+def resumed_copy(tmp_path: Path, full: Path, steps: int, timeout: float = 180) -> Path:
+    """A copy of the run folder `full` as if its job had died after the checkpoint at `steps` env steps (the later
+    checkpoints, their replay shards and the summary gone), resumed to its end; returns the copy."""
+    part = tmp_path / "part"
+    shutil.copytree(full, part)
+    for file in (part / "checkpoints").iterdir():
+        if int(file.stem.split("_")[1]) > steps:
+            file.unlink()
+    (part / "summary.json").unlink()
+    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return part
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def best_eval(run: Path) -> float:
+    return max(m["eval/return_mean"] for m in read_jsonl(run / "metrics.jsonl") if "eval/return_mean" in m)
+
+
+def typed(*overrides: str) -> TrainConfig:
+    """The train config composed from conf/ with `overrides`, as the typed dataclasses."""
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return OmegaConf.to_object(compose("train", overrides=list(overrides)))
+
+
+def sac_batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A replay batch of `n` Pendulum-shaped transitions for SAC and TD3."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "obs": torch.randn(n, 3, generator=g),
+        "actions": torch.rand(n, 1, generator=g) * 2 - 1,
+        "returns": torch.randn(n, generator=g),
+        "next_obs": torch.randn(n, 3, generator=g),
+        "discount": torch.full((n,), 0.99),
+    }
+
+
+def chi2_quantile(df: int, z: float = 3.09) -> float:
+    """The 0.999 quantile of chi-square(df) (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi2(counts: np.ndarray, expected: np.ndarray) -> float:
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+class Faulty(gym.Env):
+    """CartPole-shaped env that misbehaves on a chosen step: raise, hang, or segfault."""
+
+    observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, mode: str, at_step: int = 3):
+        self.mode, self.at_step, self.t = mode, at_step, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == self.at_step:
+            if self.mode == "raise":
+                raise ValueError("boom in step")
+            if self.mode == "hang":
+                time.sleep(60)
+            if self.mode == "segfault":
+                import ctypes
+                import faulthandler
+
+                faulthandler.disable()  # pytest's crash dump would only clutter the test log
+                ctypes.string_at(0)
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+def assert_reaped(pool) -> None:
+    """Close a WorkerPool and check that every worker process has exited."""
+    pool.close()
+    assert all(p.exitcode is not None for p in pool.procs)
+
+
+def _torchrun_job(run: Path) -> subprocess.Popen:
+    """One finished external-torchrun job, as short as a run can be: one iteration, one eval episode."""
+    args = ["total_steps=2048", "eval.episodes=1", "eval.num_envs=1", "checkpoint.every_steps=0"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + ["-m", "rlrun", "train", *args, "logging.progress=none", "logging.tensorboard=false", f"hydra.run.dir={run}"],
+        cwd=run.parent,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def torchrun_failures(tmp_path: Path, pairs: int) -> list[str]:
+    """Runs `pairs` x 2 short two-rank jobs under an external torchrun, two at a time; what went wrong in each that
+    did not exit 0 with a completed run."""
+    failures = []
+    for pair in range(pairs):
+        jobs = {run: _torchrun_job(run) for run in (tmp_path / f"run{pair}_{k}" for k in range(2))}
+        try:
+            for run, job in jobs.items():
+                _, err = job.communicate(timeout=240)
+                if job.returncode != 0 or "terminate called" in err:
+                    failures.append(f"{run.name}: exit {job.returncode}: {err[-1500:]}")
+                elif json.loads((run / "summary.json").read_text())["status"] != "completed":
+                    failures.append(f"{run.name}: not completed")
+        finally:
+            for job in jobs.values():
+                if job.poll() is None:  # the agent takes its ranks with it
+                    job.send_signal(signal.SIGTERM)
+                    job.wait(30)
+    return failures
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes of 2 CPUs each on this machine; its address (the test is skipped without the ray extra)."""
+    cluster_utils = pytest.importorskip("ray.cluster_utils", reason="the ray extra is not installed")
+    nodes = cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 2})
+    try:
+        nodes.add_node(num_cpus=2)
+        nodes.wait_for_nodes()
+        yield nodes.address
+    finally:
+        nodes.shutdown()
+
+
+def on_ray(address: str, *args: str) -> list[str]:
+    """Overrides that put a run's envs on Ray actors of the cluster at `address`."""
+    return ["env.vector.backend=ray", f"env.vector.ray_address={address}", *args]
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
-"""Learning checks of issue 33's spaces, too long for `make test` (run by `make learning`; tests/test_any_env.py keeps
-short runs of the same machinery): Discrete observations (FrozenLake one-hot), frames in height-width-channel
-layout, Dict observations (MiniGrid's, with PPO and an LSTM; a user's network reading the keys), and action masks
-where the best action is illegal. Fixed seeds; thresholds set from runs, with margin."""
+"""Learning checks of issue 33's spaces, too long for `make test` (run by `make learning`;
+tests/runs/test_any_env.py keeps short runs of the same machinery): Discrete observations (FrozenLake one-hot),
+frames in height-width-channel layout, Dict observations (MiniGrid's, with PPO and an LSTM; a user's network reading
+the keys), and action masks where the best action is illegal. Fixed seeds; thresholds set from runs, with margin."""
 
 from __future__ import annotations
 

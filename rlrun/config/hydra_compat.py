@@ -1,7 +1,7 @@
 """What rlrun takes from Hydra beyond its documented API, in one place: the argument parser of a Hydra app, the
 parsed form of overrides, the text of composition errors, turned into one line for the user, and a fix of Hydra
 1.3's config sources that makes composing cheap.
-tests/test_hydra_compat.py fails loudly when a Hydra release changes any of it."""
+tests/unit/test_preflight.py fails loudly when a Hydra release changes any of it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Accelerations: faster stand-ins for the parts an algorithm declares swappable (its `parts`: rlrun/algos/parts.py,
 PPOParts, A2CParts), each with the same signature as the part it replaces and a test comparing the two through it
-(tests/test_fast_paths.py). `accelerate` is the one place that decides which apply, and says why; algos/ and models/
-never import this. With algo.fast=false none applies and the run is the reference, end to end.
+(tests/unit/test_fast_paths.py). `accelerate` is the one place that decides which apply, and says why; algos/ and
+models/ never import this. With algo.fast=false none applies and the run is the reference, end to end.
 
 Two kinds. Layout-only ones run the reference code, placed or laid out differently: flat Adam (torch's Adam kernel on
 one buffer), channels-last frames, acting in env workers with copies of the real model. Math-rewriting ones compute

@@ -1,7 +1,7 @@
 """PPOLearner for the feedforward MLP actor-critic (TwinMLP trunks, linear heads) with the loss's gradient
 written by hand: one autograd node for the whole minibatch instead of ~60. On CPU a small network's update is
 all operator overhead, so this is where PPO's time goes. The math is PPOLearner's (rlrun/algos/ppo.py), which
-tests/test_fast_paths.py checks; a run checks it too, on its first minibatch (fast/selfcheck.py), and runs the
+tests/unit/test_fast_paths.py checks; a run checks it too, on its first minibatch (fast/selfcheck.py), and runs the
 reference if a change there is not made here as well."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ in numpy, on views of the model's live parameters (so it always acts with the cu
 envs of one vector step a numpy call costs a fraction of a torch operator, and acting runs once per env step.
 A drop-in for the model as PPO's `policy` (act, value on CPU tensors); the noise still comes from torch's
 generator, drawn as ActorCritic.act draws it, so seeds and checkpointed RNG states mean the same.
-tests/test_fast_paths.py checks both act alike, and a run checks it on its first step (fast/selfcheck.py): a layer
+tests/unit/test_fast_paths.py checks both act alike, and a run checks it on its first step (fast/selfcheck.py): a layer
 or an activation the mirror does not know, or an edited distribution, makes it step aside for the model."""
 
 from __future__ import annotations

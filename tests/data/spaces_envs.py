@@ -1,4 +1,4 @@
-"""Envs for tests/test_any_env.py and bench/learning/test_any_env_learning.py (env.imports=[spaces_envs], from the
+"""Envs for tests/runs/test_any_env.py and bench/learning/test_any_env_learning.py (env.imports=[spaces_envs], from the
 working directory the tests copy this file into): a target to hit with MultiDiscrete or MultiBinary actions, image
 observations in height-width-channel layout, Dict observations (one with a key no network can take, one with an
 image and a direction and a user's network that reads them), action masks, and an env whose constructor fails."""

@@ -20,7 +20,7 @@ from rlrun.algos.protocol import EnvSpec
 from rlrun.config import AtariConfig, EnvConfig, ModelConfig, VectorConfig
 from rlrun.envs import make_env, make_vector_env
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerPool
-from tests.conftest import cli_env, rlrun
+from tests.conftest import Faulty, assert_reaped, cli_env, rlrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 
@@ -101,36 +101,6 @@ def test_double_buffered_collect_keeps_the_rollout_layout():
     replay.close()
 
 
-class Faulty(gym.Env):
-    """CartPole-shaped env that misbehaves on a chosen step: raise, hang, or segfault."""
-
-    observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self, mode: str, at_step: int = 3):
-        self.mode, self.at_step, self.t = mode, at_step, 0
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(4, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        if self.t == self.at_step:
-            if self.mode == "raise":
-                raise ValueError("boom in step")
-            if self.mode == "hang":
-                time.sleep(60)
-            if self.mode == "segfault":
-                import ctypes
-                import faulthandler
-
-                faulthandler.disable()  # pytest's crash dump would only clutter the test log
-                ctypes.string_at(0)
-        return np.zeros(4, np.float32), 1.0, False, False, {}
-
-
 def faulty_pool(mode: str, bad_env: int = 3, timeout: float = 10.0) -> WorkerPool:
     fns = [(lambda i=i: Faulty(mode if i == bad_env else "ok")) for i in range(4)]
     return WorkerPool(fns, num_workers=2, step_timeout_s=timeout)
@@ -144,11 +114,6 @@ def step_until_error(pool: WorkerPool, steps: int = 10, reset: bool = True) -> t
         for _ in range(steps):
             pool.step(np.zeros(4, np.int64))
     return info.value, time.monotonic() - start
-
-
-def assert_reaped(pool: WorkerPool) -> None:
-    pool.close()
-    assert all(p.exitcode is not None for p in pool.procs)
 
 
 def test_exception_in_env_names_worker_env_and_traceback():

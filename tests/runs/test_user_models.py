@@ -14,9 +14,8 @@ from rlrun.algos import ALGORITHMS, build_algo
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import ModelConfig
 from rlrun.models import UserActorCritic
-from tests.conftest import rlrun
+from tests.conftest import DATA, rlrun, train
 
-NETS = Path(__file__).parent / "data" / "user_nets.py"
 CARTPOLE = (gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2))
 PENDULUM = (gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)))
 FRAMES = (gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(4))
@@ -41,7 +40,7 @@ class Frames(torch.nn.Module):
         ("ppo", "tests.data.user_nets.TinyActorCritic", CARTPOLE),
         ("ppo", "tests.data.user_nets.TinyActorCritic", PENDULUM),
         ("a2c", "tests.data.user_nets.TinyActorCritic", PENDULUM),
-        ("a2c", "tests.test_user_models.Frames", FRAMES),
+        ("a2c", "tests.runs.test_user_models.Frames", FRAMES),
         ("dqn", "tests.data.user_nets.TinyQ", CARTPOLE),
     ],
 )
@@ -58,19 +57,24 @@ def test_a_users_network_is_built_with_the_spaces_and_acts(algo, target, spaces)
 
 
 def _train(tmp_path: Path, name: str, *args: str, timeout: float = 180) -> dict:
-    shutil.copy(NETS, tmp_path / "user_nets.py")  # in the working directory, as `python -m` would find it
-    out = rlrun(
-        "train", f"hydra.run.dir={tmp_path / name}", "logging.progress=plain", *args, cwd=tmp_path, timeout=timeout
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads((tmp_path / name / "summary.json").read_text())
+    shutil.copy(DATA / "user_nets.py", tmp_path)  # in the working directory, as `python -m` would find it
+    run = train(tmp_path, name, "logging.progress=plain", *args, timeout=timeout)
+    return json.loads((run / "summary.json").read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_ppo_learns_cartpole_with_a_users_network_then_plays(tmp_path):
-    summary = _train(tmp_path, "ppo", "model._target_=user_nets.TinyActorCritic", "+model.kwargs.hidden=64")
-    assert summary["eval_return_mean"] >= 250, summary  # seed 1 ends at 423 here; margin for other CPUs (random: 20)
+@pytest.mark.timeout(180)
+def test_ppo_trains_a_users_network_then_plays(tmp_path):
+    # That it learns CartPole with it: bench/learning/test_user_models.py.
+    summary = _train(
+        tmp_path,
+        "ppo",
+        "model._target_=user_nets.TinyActorCritic",
+        "+model.kwargs.hidden=64",
+        "total_steps=2048",
+        "eval.episodes=2",
+    )
+    assert summary["status"] == "completed" and np.isfinite(summary["eval_return_mean"]), summary
     out = rlrun("play", f"checkpoint={tmp_path / 'ppo'}", "episodes=2", cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "mean" in out.stdout

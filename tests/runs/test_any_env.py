@@ -17,10 +17,10 @@ import yaml
 from rlrun.config.preflight import preflight
 from rlrun.config.store import register_configs
 from rlrun.errors import UserError
-from tests.conftest import rlrun
+from tests.conftest import DATA, rlrun
 
 register_configs()
-SPACES_ENVS = Path(__file__).parent / "data" / "spaces_envs.py"
+SPACES_ENVS = DATA / "spaces_envs.py"
 
 PRESETS = [
     ([], None),  # CartPole's own tuned PPO

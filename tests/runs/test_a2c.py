@@ -12,8 +12,7 @@ from rlrun.algos.a2c import A2C, A2CConfig, RMSpropTF, a2c_loss
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import make_vector_env
-from tests.conftest import read_jsonl, rlrun
-from tests.test_train import SMALL, assert_same_tensors, final_state, train
+from tests.conftest import SMALL, assert_same_tensors, final_state, read_jsonl, rlrun, train
 
 
 def test_a2c_loss_on_hand_worked_numbers():
@@ -75,17 +74,6 @@ def test_a2c_takes_continuous_actions():
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a2c_solves_cartpole_within_200k_steps(tmp_path):
-    run = train(tmp_path, "a2c", "algo=a2c", "logging.progress=plain", "eval.every_steps=50000")
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["env_steps"] == 200_000 and summary["algo"] == "a2c"
-    assert summary["eval_return_mean"] >= 400, summary  # seeds 1-5 all end at 500 here; margin for other CPUs
-    metrics = read_jsonl(run / "metrics.jsonl")
-    assert any("losses/value_loss" in m and "losses/explained_variance" in m for m in metrics)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
 def test_a2c_breakout_on_the_worker_pool_then_play(tmp_path):
     run = train(
         tmp_path,
@@ -121,25 +109,28 @@ def test_a2c_resumed_for_n_more_steps_equals_2n_steps(tmp_path):
     assert a["env_steps"] == b["env_steps"] == 4000
     assert_same_tensors(a["algo"]["model"], b["algo"]["model"])
     assert_same_tensors(a["algo"]["optimizer"]["state"][0], b["algo"]["optimizer"]["state"][0])
+    # That A2C solves CartPole (200k steps): bench/learning/test_a2c.py; here its losses are logged and finite.
+    assert json.loads((whole / "summary.json").read_text())["algo"] == "a2c"
+    metrics = [m for m in read_jsonl(whole / "metrics.jsonl") if "losses/value_loss" in m]
+    assert metrics and all(math.isfinite(m["losses/value_loss"] + m["losses/explained_variance"]) for m in metrics)
 
 
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.timeout(240)
-def test_a2c_learns_cartpole_on_two_ranks(tmp_path):
+@pytest.mark.timeout(180)
+def test_a2c_on_two_ranks_stays_in_sync(tmp_path):
+    # That it learns CartPole on two ranks: bench/learning/test_a2c.py.
     run = train(
         tmp_path,
         "two",
         "algo=a2c",
         "distributed.nproc_per_node=2",
         "env.num_envs=4",  # per rank: the preset's 8 envs in all
-        "total_steps=100000",
+        "total_steps=4000",
         "logging.progress=plain",
-        "eval.every_steps=50000",
+        "eval.every_steps=2000",
+        "eval.episodes=2",
     )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(set(summary["parameter_digests"])) == 1
-    # The best of its evaluations (at 50k and at the end): A2C may collapse late in a run, and where depends on
-    # the CPU's numerics and the seed's streams (seed 1: 399 at 50k, 92 at the end; seeds 2, 3: 454, 500 at the end).
-    evals = [m["eval/return_mean"] for m in read_jsonl(run / "metrics.jsonl") if "eval/return_mean" in m]
-    assert max([*evals, summary["eval_return_mean"]]) >= 300, (evals, summary)
+    assert summary["status"] == "completed" and math.isfinite(summary["eval_return_mean"]), summary

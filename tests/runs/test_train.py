@@ -1,72 +1,28 @@
 """Real training runs through the CLI: learning, run folder contents, determinism, exact resume, play."""
 
 import json
+import math
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import read_jsonl, rlrun
+from tests.conftest import SMALL, assert_same_tensors, final_state, read_jsonl, rlrun, train
 
 pytestmark = pytest.mark.slow
-# CartPole solved, with room for another CPU's numerics: PPO's default run ends at 500 here (AVX2), and a trajectory
-# moves with the kernels' float sums; a random policy scores about 20.
-SOLVED = 400
-SMALL = [
-    "total_steps=4096",
-    "eval.every_steps=2048",
-    "eval.episodes=4",
-    "eval.num_envs=2",
-    "logging.every_steps=512",
-    "logging.progress=plain",
-    "checkpoint.every_steps=2048",
-    "checkpoint.keep_last=5",
-]
 
 
-def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
-    run = tmp_path / name
-    out = rlrun("train", f"hydra.run.dir={run}", *args, cwd=tmp_path, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return run
-
-
-def final_state(run: Path) -> dict:
-    return torch.load(sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1], weights_only=True)
-
-
-def resumed_copy(tmp_path: Path, full: Path, steps: int, timeout: float = 180) -> Path:
-    """A copy of the run folder `full` as if its job had died after the checkpoint at `steps` env steps (the later
-    checkpoints, their replay shards and the summary gone), resumed to its end; returns the copy."""
-    part = tmp_path / "part"
-    shutil.copytree(full, part)
-    for file in (part / "checkpoints").iterdir():
-        if int(file.stem.split("_")[1]) > steps:
-            file.unlink()
-    (part / "summary.json").unlink()
-    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return part
-
-
-def assert_same_tensors(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
-@pytest.mark.timeout(300)
-def test_default_run_solves_cartpole_then_plays(tmp_path):
-    run = train(tmp_path, "run")  # the default config: PPO on CartPole-v1, 100k steps
+@pytest.mark.timeout(240)
+def test_a_short_run_writes_its_folder_then_plays_and_records_a_video(tmp_path):
+    # That the default run solves CartPole and plays it back solved: bench/learning/test_ppo.py.
+    run = train(tmp_path, "run", *SMALL)
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["env_steps"] <= 100_000
-    # 500 here (AVX2); the bound leaves room for another CPU's numerics, far above a random policy's 20
-    assert summary["eval_return_mean"] >= SOLVED and summary["eval_episodes"] == 20
+    assert summary["status"] == "completed" and summary["env_steps"] == 4096 and summary["eval_episodes"] == 4
+    assert math.isfinite(summary["eval_return_mean"])
     assert (run / ".hydra" / "config.yaml").exists() and (run / "train.log").read_text()
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1
-    assert len(list((run / "checkpoints").glob("ckpt_*.pt"))) >= 1
+    assert len(list((run / "checkpoints").glob("ckpt_*.pt"))) == 2
     metrics = read_jsonl(run / "metrics.jsonl")
     steps = [m["env_steps"] for m in metrics]
     assert steps == sorted(steps) and steps[-1] == summary["env_steps"]
@@ -74,7 +30,7 @@ def test_default_run_solves_cartpole_then_plays(tmp_path):
 
     out = rlrun("play", f"checkpoint={run}", "episodes=3", f"hydra.run.dir={tmp_path / 'play'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert float(re.search(r"mean\s*│\s*([\d.]+)", out.stdout).group(1)) >= SOLVED, out.stdout
+    assert math.isfinite(float(re.search(r"mean\s*│\s*([\d.]+)", out.stdout).group(1))), out.stdout
 
     out = rlrun(
         "play",
@@ -87,6 +43,20 @@ def test_default_run_solves_cartpole_then_plays(tmp_path):
     assert out.returncode == 0, out.stderr
     videos = list((tmp_path / "video" / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000
+
+
+@pytest.mark.timeout(180)
+def test_short_runs_of_the_reference_alone_and_of_pendulum_complete(tmp_path):
+    # That both learn (the reference solves CartPole, PPO improves on Pendulum): bench/learning/test_ppo.py.
+    # algo.fast=false: rlrun/algos/ppo.py as written (autograd, torch.optim.Adam, torch acting), nothing swapped.
+    reference = train(tmp_path, "reference", *SMALL, "algo.fast=false", "total_steps=2048")
+    assert "accelerations: none" in (reference / "train.log").read_text()
+    pendulum = train(tmp_path, "pendulum", *SMALL, "env=pendulum", "algo.num_steps=512", "total_steps=2048")
+    for run in (reference, pendulum):
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and math.isfinite(summary["eval_return_mean"]), summary
+        losses = [m["losses/value_loss"] for m in read_jsonl(run / "metrics.jsonl") if "losses/value_loss" in m]
+        assert losses and all(math.isfinite(v) for v in losses)
 
 
 @pytest.mark.timeout(180)
@@ -126,23 +96,6 @@ def test_n_steps_resumed_for_n_more_equals_2n_steps(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert_same_tensors(final_state(whole)["algo"]["model"], final_state(half)["algo"]["model"])
     assert final_state(half)["env_steps"] == 4096
-
-
-@pytest.mark.timeout(240)
-def test_pendulum_learns(tmp_path):
-    run = train(
-        tmp_path,
-        "pendulum",
-        "env=pendulum",
-        "total_steps=61440",
-        "algo.num_minibatches=16",
-        "eval.every_steps=8192",
-        "eval.episodes=10",
-    )
-    evals = [m["eval/return_mean"] for m in read_jsonl(run / "metrics.jsonl") if "eval/return_mean" in m]
-    # untrained policy about -1290 at the first evaluation; about -800 after 61k steps here. The best of the later
-    # evaluations, not the last one alone: one trajectory moves with the CPU's numerics.
-    assert max(evals[1:]) > evals[0] + 250 and max(evals[1:]) > -1000, evals
 
 
 @pytest.mark.timeout(300)
@@ -190,12 +143,3 @@ def test_resume_from_an_older_checkpoint_continues_in_a_new_run_folder(tmp_path)
     out = rlrun("train", f"resume={branch}", "total_steps=8192", cwd=tmp_path)  # the branch's newest: in place
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((branch / "summary.json").read_text())["env_steps"] == 8192
-
-
-@pytest.mark.timeout(300)
-def test_the_reference_alone_solves_cartpole(tmp_path):
-    # algo.fast=false: rlrun/algos/ppo.py as written (autograd, torch.optim.Adam, torch acting), nothing swapped.
-    # The default run (accelerated) solves it too: test_default_run_solves_cartpole_then_plays.
-    run = train(tmp_path, "run", "algo.fast=false", "logging.progress=plain")
-    assert "accelerations: none" in (run / "train.log").read_text()
-    assert json.loads((run / "summary.json").read_text())["eval_return_mean"] >= SOLVED

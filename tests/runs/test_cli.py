@@ -38,7 +38,7 @@ def test_cfg_job_prints_composed_config(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-# The whole list runs in-process (tests/test_preflight.py); these few go through a real process: one line on
+# The whole list runs in-process (tests/unit/test_preflight.py); these few go through a real process: one line on
 # stderr, exit 2, no run folder.
 BAD_TRAIN = [
     (["algo.lrr=0.1"], "unknown key 'algo.lrr'; did you mean algo.lr?"),

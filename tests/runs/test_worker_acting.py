@@ -21,10 +21,15 @@ from rlrun.config import AtariConfig, EnvConfig, ModelConfig, VectorConfig
 from rlrun.envs import make_vector_env
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerPool
 from rlrun.fast import accelerate
-from tests.conftest import rlrun
-from tests.test_distributed import train as train_two_ranks
-from tests.test_pool import Faulty, assert_reaped
-from tests.test_train import SOLVED, assert_same_tensors, final_state, train
+from tests.conftest import (
+    TWO_RANKS,
+    Faulty,
+    assert_reaped,
+    assert_same_tensors,
+    final_state,
+    rlrun,
+    train,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 SEEDS = [1, 2, 3, 4]
@@ -199,18 +204,10 @@ def test_a_rollout_longer_than_the_step_timeout_finishes_while_it_progresses():
 @pytest.mark.timeout(240)
 def test_two_ranks_with_acting_workers_stay_in_sync_and_resume_exactly(tmp_path):
     args = ["env.vector.backend=subproc", "env.vector.num_workers=2", "algo.anneal_lr=false", "eval.every_steps=0"]
-    whole = train_two_ranks(tmp_path, "whole", *args, "total_steps=8192")
-    half = train_two_ranks(tmp_path, "half", *args, "total_steps=4096")
+    whole = train(tmp_path, "whole", *TWO_RANKS, *args, "total_steps=8192")
+    half = train(tmp_path, "half", *TWO_RANKS, *args, "total_steps=4096")
     out = rlrun("train", f"resume={half}", "total_steps=8192", cwd=tmp_path, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((half / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(set(summary["parameter_digests"])) == 1
     assert_same_tensors(final_state(whole)["algo"]["model"], final_state(half)["algo"]["model"])
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_default_cartpole_run_with_acting_workers_solves_it(tmp_path):
-    run = train(tmp_path, "run", "env.vector.backend=subproc", "logging.progress=none")
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["eval_return_mean"] >= SOLVED, summary  # 500 on 6 of seeds 0-6 here, as the in-process default

@@ -2,39 +2,35 @@
 LSTM checkpoint, exact resume with forked, double-buffered env workers, and two ranks."""
 
 import json
+import math
 import re
 
 import pytest
 import torch
 
-from tests.conftest import rlrun
-from tests.test_distributed import train as train_two_ranks
-from tests.test_train import SMALL, assert_same_tensors, final_state, train
+from tests.conftest import SMALL, TWO_RANKS, assert_same_tensors, final_state, rlrun, train
 
 pytestmark = pytest.mark.slow
-QUIET = ["eval.every_steps=0", "checkpoint.every_steps=0", "logging.progress=plain"]
 
 
-def eval_return(run) -> float:
-    return json.loads((run / "summary.json").read_text())["eval_return_mean"]
-
-
-@pytest.mark.timeout(240)
-def test_lstm_beats_mlp_on_masked_cartpole_lru_learns_and_play_carries_the_state(tmp_path):
-    # The tuned budget (48 x 1024 steps), seed 2. Final eval returns seen for seeds 1, 2, 3: LSTM 256, 500, 500
-    # (with fused Adam and denormals flushed; 500, 500, 486 before); LRU 500, 500, 500; MLP 41, 40, 42 (without
-    # the velocities it cannot balance for long).
-    runs = {
-        m: train(tmp_path, m, "env=cartpole_masked", f"model={m}", "seed=2", *QUIET) for m in ("lstm", "mlp", "lru")
-    }
-    returns = {m: eval_return(run) for m, run in runs.items()}
-    # Below seed 1's 256 and far above the MLP's 40: another CPU's numerics move a trajectory as a seed does.
-    assert returns["mlp"] < 100 and returns["lstm"] >= 200 and returns["lru"] >= 200, returns
-
-    out = rlrun("play", f"checkpoint={runs['lstm']}", "episodes=3", f"hydra.run.dir={tmp_path / 'play'}", cwd=tmp_path)
+@pytest.mark.timeout(180)
+def test_short_lstm_and_lru_runs_complete_and_play_on_the_lstm(tmp_path):
+    # That the LSTM and the LRU learn masked CartPole where an MLP cannot, and that play carries the state to a
+    # solved episode: bench/learning/test_recurrent.py.
+    args = [
+        "env=cartpole_masked",
+        "total_steps=2048",
+        "eval.every_steps=0",
+        "eval.episodes=2",
+        "logging.progress=plain",
+    ]
+    runs = {m: train(tmp_path, m, *args, f"model={m}") for m in ("lstm", "lru")}
+    for run in runs.values():
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and math.isfinite(summary["eval_return_mean"]), summary
+    out = rlrun("play", f"checkpoint={runs['lstm']}", "episodes=2", f"hydra.run.dir={tmp_path / 'play'}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    played = float(re.search(r"mean\s*│\s*([\d.]+)", out.stdout).group(1))
-    assert played >= 200, out.stdout  # without memory across steps this policy fails like the MLP
+    assert math.isfinite(float(re.search(r"mean\s*│\s*([\d.]+)", out.stdout).group(1))), out.stdout
 
 
 @pytest.mark.timeout(240)
@@ -64,7 +60,7 @@ def test_lstm_resumed_with_worker_pool_equals_uninterrupted_run(tmp_path):
 @pytest.mark.timeout(240)
 def test_two_ranks_train_an_lstm_with_forked_env_workers_in_step(tmp_path):
     subproc = ["env.vector.backend=subproc", "env.vector.num_workers=2"]
-    run = train_two_ranks(tmp_path, "run", "env=cartpole_masked", "model=lstm", *subproc, "total_steps=4096")
+    run = train(tmp_path, "run", *TWO_RANKS, "env=cartpole_masked", "model=lstm", *subproc, "total_steps=4096")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["status"] == "completed" and summary["env_steps"] == 4096
     assert len(set(summary["parameter_digests"])) == 1  # both ranks took the same synchronized updates

@@ -1,20 +1,14 @@
 """Config composition of every algo x env pair against the schema, and the value checks."""
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from rlrun.algos import A2CConfig, DQNConfig, PPOConfig
-from rlrun.config import CONF_DIR, AtariConfig, TrainConfig, validate_train
+from rlrun.config import AtariConfig, validate_train
 from rlrun.config.store import register_configs
+from tests.conftest import typed
 
 register_configs()
 ENVS = ["cartpole", "acrobot", "pendulum", "breakout", "cartpole_masked"]
-
-
-def typed(*overrides: str) -> TrainConfig:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return OmegaConf.to_object(compose("train", overrides=list(overrides)))
 
 
 @pytest.mark.parametrize("env", ENVS)

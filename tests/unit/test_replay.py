@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -16,15 +14,7 @@ from rlrun.buffers.replay import ReplayBuffer, importance_weights
 from rlrun.buffers.sum_tree import SumTree
 from rlrun.config import AtariConfig, EnvConfig, ModelConfig
 from rlrun.envs import make_vector_env
-
-
-def chi2_quantile(df: int, z: float = 3.09) -> float:
-    """The 0.999 quantile of chi-square(df) (Wilson-Hilferty)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def chi2(counts: np.ndarray, expected: np.ndarray) -> float:
-    return float(((counts - expected) ** 2 / expected).sum())
+from tests.conftest import chi2, chi2_quantile
 
 
 def test_sum_tree_samples_in_proportion_to_priorities():

@@ -257,7 +257,7 @@ def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activati
     """Three updates (TD3: a policy step between delayed ones) with flat Adam against torch.optim.Adam, from the same
     networks on the same batches and noise."""
     from rlrun.algos import SACConfig, TD3Config, build_algo
-    from tests.test_sac import PENDULUM, _batch
+    from tests.conftest import PENDULUM, sac_batch
 
     net = ModelConfig(hidden_sizes=[16, 16], activation=activation)
 
@@ -272,7 +272,7 @@ def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activati
             a.updates = step
             g = torch.Generator().manual_seed(step)
             noise = torch.randn((2, 16, 1) if algo == "sac" else (16, 1), generator=g)
-            a.learn(_batch(16, seed=step), torch.ones(16), noise)
+            a.learn(sac_batch(16, seed=step), torch.ones(16), noise)
         states.append((a.model.state_dict(), a.learner_state()))
     assert applied == [[], ["flat Adam"]]
     for name, value in states[0][0].items():

@@ -21,8 +21,7 @@ from rlrun.distributed import RankContext
 from rlrun.envs import make_vector_env
 from rlrun.errors import UserError
 from rlrun.fast import accelerate
-from tests.conftest import REPO, on_gloo_ranks, read_jsonl, rlrun
-from tests.test_config import typed
+from tests.conftest import REPO, on_gloo_ranks, read_jsonl, rlrun, typed
 
 # What the update reads of a rollout, [T, N, ...] each.
 ROLLOUT = ("obs", "actions", "log_probs", "values", "next_values", "rewards", "terminated", "truncated")

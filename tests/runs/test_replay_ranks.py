@@ -13,8 +13,7 @@ from rlrun.buffers.replay import ReplayBuffer, importance_weights
 from rlrun.config import ModelConfig
 from rlrun.distributed import RankContext
 from rlrun.models.q_network import QNetwork
-from tests.conftest import on_gloo_ranks
-from tests.test_replay import chi2, chi2_quantile
+from tests.conftest import chi2, chi2_quantile, on_gloo_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 SIZES = (5, 13)  # rows per shard: 3 envs each, so 12 and 36 live items (the newest row is incomplete)

@@ -19,10 +19,9 @@ from rlrun.algos.protocol import EnvSpec, Reductions
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.distributed import RankContext
 from rlrun.envs import env_seeds, make_vector_env
-from tests.conftest import on_gloo_ranks, rlrun
+from tests.conftest import DATA, on_gloo_ranks, rlrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(240)]
-DATA = Path(__file__).parent / "data"
 TWO = [
     "distributed.nproc_per_node=2",
     "total_steps=4096",

@@ -43,7 +43,7 @@ def test_resume_auto_starts_fresh_in_an_empty_folder_and_continues_a_populated_o
 def test_an_elastic_restart_after_a_killed_rank_resumes_from_the_newest_checkpoint(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlrun", "train", "distributed.nproc_per_node=2", "distributed.max_restarts=1"]
-    cmd += ["total_steps=40960", "checkpoint.every_steps=4096", "logging.every_steps=512", *QUICK]
+    cmd += ["total_steps=16384", "checkpoint.every_steps=4096", "logging.every_steps=512", *QUICK]
     cmd += [f"hydra.run.dir={run}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -60,11 +60,11 @@ def test_an_elastic_restart_after_a_killed_rank_resumes_from_the_newest_checkpoi
             proc.wait()
     assert proc.returncode == 0, output[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["restarts"] == 1 and summary["env_steps"] == 40960 and summary["status"] == "completed"
+    assert summary["restarts"] == 1 and summary["env_steps"] == 16384 and summary["status"] == "completed"
     assert len(set(summary["parameter_digests"])) == 1
     assert "restart 1 of the job: resuming from" in (run / "train.log").read_text()
     # Every iteration logged once: the restarted run dropped what it had logged past its checkpoint and went on.
-    assert _iteration_steps(run) == list(range(512, 40960 + 1, 512))
+    assert _iteration_steps(run) == list(range(512, 16384 + 1, 512))
 
 
 @pytest.mark.dist

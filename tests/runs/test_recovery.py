@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,40 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import children, cli_env, read_jsonl, rlrun
+from tests.conftest import DATA, children, cli_env, read_jsonl, rlrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(240)]
 
-ENVS = """
-import pathlib, gymnasium as gym
-
-class Flaky(gym.Wrapper):
-    '''CartPole whose 300th step raises while the file BREAK exists in the working directory.'''
-    def __init__(self):
-        super().__init__(gym.make('CartPole-v1'))
-        self.t = 0
-    def step(self, action):
-        self.t += 1
-        if self.t == 300 and pathlib.Path('BREAK').exists():
-            raise RuntimeError('flaky env gave up')
-        return self.env.step(action)
-
-class BadEval(gym.Wrapper):
-    '''CartPole; the fourth one made in a process (the eval env, after the pre-flight's env and two training envs)
-    raises when stepped.'''
-    made = 0
-    def __init__(self):
-        super().__init__(gym.make('CartPole-v1'))
-        BadEval.made += 1
-        self.eval = BadEval.made > 3
-    def step(self, action):
-        if self.eval:
-            raise RuntimeError('eval env broke')
-        return self.env.step(action)
-
-gym.register('Flaky-v0', entry_point=Flaky)
-gym.register('BadEval-v0', entry_point=BadEval)
-"""
 COMMON = ["env.imports=[recovery_envs]", "logging.progress=plain", "checkpoint.every_steps=0", "eval.episodes=2"]
 
 
@@ -58,7 +29,7 @@ def checkpoints(run: Path) -> list[Path]:
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    (tmp_path / "recovery_envs.py").write_text(ENVS)
+    shutil.copy(DATA / "recovery_envs.py", tmp_path)  # Flaky-v0 and BadEval-v0
     return tmp_path
 
 

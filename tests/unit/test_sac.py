@@ -13,16 +13,11 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 from rlrun.algos import SACConfig, TD3Config, build_algo
 from rlrun.algos.continuous import ActionBounds
-from rlrun.algos.protocol import EnvSpec
 from rlrun.algos.sac import soft_q_targets, temperature_loss
 from rlrun.algos.td3 import smoothed_target_actions
-from rlrun.config import ModelConfig
 from rlrun.errors import UserError
 from rlrun.models.continuous import TwinQ, squashed_gaussian
-from tests.conftest import rlrun
-
-PENDULUM = EnvSpec(gym.spaces.Box(-8.0, 8.0, (3,)), gym.spaces.Box(-2.0, 2.0, (1,)), num_envs=1)
-SMALL_NET = ModelConfig(hidden_sizes=[16, 16], activation="relu")
+from tests.conftest import PENDULUM, SMALL_NET, rlrun, sac_batch
 
 
 def test_squashed_gaussian_matches_torchs_tanh_transformed_normal():
@@ -88,17 +83,6 @@ def test_twin_q_detached_and_first_give_the_same_values_without_weight_gradients
     assert actions.grad is not None and all(p.grad is None for p in critic.parameters())
 
 
-def _batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "obs": torch.randn(n, 3, generator=g),
-        "actions": torch.rand(n, 1, generator=g) * 2 - 1,
-        "returns": torch.randn(n, generator=g),
-        "next_obs": torch.randn(n, 3, generator=g),
-        "discount": torch.full((n,), 0.99),
-    }
-
-
 def _state(algo) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in algo.model.state_dict().items()}
 
@@ -110,7 +94,7 @@ def test_one_sac_update_steps_critics_actor_and_temperature_and_averages_the_tar
     algo.sync_targets()
     before = _state(algo)
     algo.updates = 1
-    stats, td_abs = algo.learn(_batch(8), torch.ones(8))
+    stats, td_abs = algo.learn(sac_batch(8), torch.ones(8))
     after = _state(algo)
     assert {"qf_loss", "q_values", "actor_loss", "alpha_loss", "entropy", "charts/alpha"} <= set(stats)
     assert td_abs.shape == (8,) and (td_abs > 0).all()
@@ -127,7 +111,7 @@ def test_sac_with_a_fixed_temperature_never_moves_it():
     algo = build_algo(SACConfig(batch_size=8, autotune=False, alpha=0.2), SMALL_NET, PENDULUM, torch.device("cpu"))
     algo.sync_targets()
     algo.updates = 1
-    algo.learn(_batch(8), torch.ones(8))
+    algo.learn(sac_batch(8), torch.ones(8))
     assert algo.model.log_alpha.item() == pytest.approx(math.log(0.2)) and "alpha" not in algo.optimizers()
 
 
@@ -137,13 +121,13 @@ def test_td3_delays_the_actor_and_the_targets():
     algo.sync_targets()
     before = _state(algo)
     algo.updates = 1
-    stats, _ = algo.learn(_batch(8), torch.ones(8))
+    stats, _ = algo.learn(sac_batch(8), torch.ones(8))
     middle = _state(algo)
     assert "actor_loss" not in stats
     for name in middle:  # on a delayed step only the critics move
         assert torch.equal(before[name], middle[name]) == (not name.startswith("critic.")), name
     algo.updates = 2
-    stats, _ = algo.learn(_batch(8, seed=1), torch.ones(8))
+    stats, _ = algo.learn(sac_batch(8, seed=1), torch.ones(8))
     after = _state(algo)
     assert "actor_loss" in stats
     assert all(not torch.equal(middle[n], after[n]) for n in after), "actor and targets move on the policy step"
