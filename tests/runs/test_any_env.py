@@ -264,7 +264,7 @@ def test_users_networks_get_tuple_observations_as_keys_and_their_q_values_masked
     obs_space, action_space = env_spaces(cfg)
     ppo = build_algo(
         ALGORITHMS["ppo"].schema(),
-        ModelConfig(_target_="tests.test_any_env.ReadsTuple"),
+        ModelConfig(_target_="tests.runs.test_any_env.ReadsTuple"),
         EnvSpec(obs_space, action_space, 1),
         cpu,
     )
@@ -279,7 +279,7 @@ def test_users_networks_get_tuple_observations_as_keys_and_their_q_values_masked
     obs_space, action_space = env_spaces(cfg)
     dqn = build_algo(
         ALGORITHMS["dqn"].schema(buffer_size=64),
-        ModelConfig(_target_="tests.test_any_env.PrefersZero"),
+        ModelConfig(_target_="tests.runs.test_any_env.PrefersZero"),
         EnvSpec(obs_space, action_space, 1),
         cpu,
     )
