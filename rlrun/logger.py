@@ -1,5 +1,6 @@
-"""What a run reports, on the main rank only: TensorBoard scalars, metrics.jsonl, summary.json, and a rich
-progress bar on a terminal or plain periodic lines elsewhere. Other ranks get NullLogger."""
+"""What a run reports, on the main rank only: a rich progress bar on a terminal or plain periodic lines elsewhere,
+and, through one interface (Writer), the run folder's files (metrics.jsonl and summary.json: MetricsFile; TensorBoard)
+and the experiment trackers (rlrun/trackers/). Other ranks get NullLogger."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -27,6 +29,73 @@ TIMING_KEYS = ("charts/sps",)
 HPARAMS_METRICS = ("eval/return_mean", "charts/episodic_return")
 
 
+class Writer(Protocol):
+    """Where a run's metrics go: every log interval's scalars at their env step, the summary at the end, and the
+    run's status (summary.json's: completed | interrupted | failed) when it closes. A writer of the run folder
+    (MetricsFile, TensorBoard) that fails ends the run, as any failed write does (run_folder.writing says why);
+    the trackers turn their own failures into one warning (rlrun/trackers/)."""
+
+    def log(self, metrics: dict[str, float], env_steps: int) -> None: ...
+    def summary(self, summary: dict[str, Any]) -> None: ...
+    def close(self, status: str) -> None: ...
+
+
+class MetricsFile:
+    """metrics.jsonl, one line per log interval with what a seeded run reproduces exactly (no wall-clock figures:
+    those go to TensorBoard, the console and summary.json), and summary.json. `history`: the metrics.jsonl of the
+    run this one continues in another folder (its lines up to start_steps open this run's file, so it reads as one
+    run); lines after start_steps (a crash's, after the checkpoint resumed from) are dropped."""
+
+    def __init__(self, run_dir: Path, start_steps: int, history: Path | None) -> None:
+        self.path, self.summary_path = run_dir / "metrics.jsonl", run_dir / "summary.json"
+        with writing(self.path):
+            if history is not None and history.exists():
+                self.path.write_text(history.read_text())
+            _truncate_after(self.path, start_steps)
+
+    def log(self, metrics: dict[str, float], env_steps: int) -> None:
+        record = {"env_steps": env_steps, **{k: v for k, v in metrics.items() if k not in TIMING_KEYS}}
+        with writing(self.path), open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        with writing(self.summary_path), open(self.summary_path, "w") as f:
+            json.dump(summary, f, indent=2)
+
+    def close(self, status: str) -> None: ...
+
+
+class TensorBoard:
+    """The run's TensorBoard events (tb/): every scalar at its env step, and once per run folder, by the session that
+    writes its first events file, the HParams entry (`hparams`: the config's scalars). The writer is made at the
+    first point: importing it costs a fraction of a second of start-up."""
+
+    def __init__(self, run_dir: Path, start_steps: int, hparams: dict[str, Any]) -> None:
+        self.dir, self.start_steps, self.hparams = run_dir / "tb", start_steps, hparams
+        self.writer: Any = None
+
+    def log(self, metrics: dict[str, float], env_steps: int) -> None:
+        with writing(self.dir):
+            if self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                fresh = not any(self.dir.glob("events.out.tfevents.*"))
+                # TensorBoard drops the points at steps >= purge_step: those after the checkpoint, not its own.
+                purge = self.start_steps + 1 if self.start_steps else None
+                self.writer = SummaryWriter(str(self.dir), purge_step=purge)
+                if fresh:
+                    _write_hparams(self.writer, self.hparams)
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, value, env_steps)
+
+    def summary(self, summary: dict[str, Any]) -> None: ...
+
+    def close(self, status: str) -> None:
+        if self.writer is not None:
+            with writing(self.dir):
+                self.writer.close()
+
+
 class RunLogger:
     def __init__(
         self,
@@ -39,24 +108,20 @@ class RunLogger:
         every_seconds: float = 15.0,
         trackers: Callable[[int], Trackers] | None = None,
     ):
-        """`history`: the metrics.jsonl of the run this one continues in another folder (its lines up to
-        start_steps open this run's file, so it reads as one run). `every_seconds`: without a bar, the longest
-        time between two console lines while training or evaluating, whatever the metrics interval. `trackers`:
-        opens the experiment trackers, given the last env step this folder's earlier sessions logged; its
-        `hparams` (the config's scalars) go to TensorBoard's HParams."""
-        self.run_dir = run_dir
-        self.metrics_path = run_dir / "metrics.jsonl"
-        logged_until = _last_step(self.metrics_path)  # before the truncation below: what trackers already have
-        self.trackers = trackers(logged_until) if trackers is not None else None
-        self._status = "failed"  # summary.json's, for the trackers' close
-        with writing(self.metrics_path):
-            if history is not None and history.exists():
-                self.metrics_path.write_text(history.read_text())
-            _truncate_after(self.metrics_path, start_steps)
+        """`history`: the metrics.jsonl of the run this one continues in another folder (MetricsFile). `every_seconds`:
+        without a bar, the longest time between two console lines while training or evaluating, whatever the metrics
+        interval. `trackers`: opens the experiment trackers, given the last env step this folder's earlier sessions
+        logged; its `hparams` (the config's scalars) go to TensorBoard's HParams."""
+        # Before MetricsFile drops a crash's lines past the checkpoint: the trackers have those steps already.
+        logged_until = _last_step(run_dir / "metrics.jsonl")
+        opened = trackers(logged_until) if trackers is not None else None
+        self.writers: list[Writer] = [MetricsFile(run_dir, start_steps, history)]
+        if tensorboard:
+            self.writers.append(TensorBoard(run_dir, start_steps, opened.hparams if opened is not None else {}))
+        if opened is not None:
+            self.writers.append(opened)
+        self._status = "failed"  # summary.json's, for the writers' close
         _quiet_failed_writes()
-        self.writer = None
-        # Made at the first metrics written: importing TensorBoard's writer costs a fraction of a second of start-up.
-        self.tensorboard, self.start_steps = tensorboard, start_steps
         if progress == "auto":
             progress = "rich" if sys.stdout.isatty() else "plain"
         self.mode = progress
@@ -139,26 +204,9 @@ class RunLogger:
         self.info("eval: %s in %.1f s", _count(episodes, "episode"), seconds)
 
     def log(self, env_steps: int, metrics: dict[str, float]) -> None:
-        """One log interval: a jsonl line, TensorBoard scalars and, without a bar, a console line."""
-        record = {"env_steps": env_steps, **{k: v for k, v in metrics.items() if k not in TIMING_KEYS}}
-        with writing(self.metrics_path), open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        with writing(self.run_dir / "tb"):
-            if self.tensorboard and self.writer is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                # One HParams entry per run folder: written by the session that writes its first events file.
-                fresh = not any((self.run_dir / "tb").glob("events.out.tfevents.*"))
-                # TensorBoard drops the points at steps >= purge_step: those after the checkpoint, not its own.
-                purge = self.start_steps + 1 if self.start_steps else None
-                self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge)
-                if fresh and self.trackers is not None:
-                    _write_hparams(self.writer, self.trackers.hparams)
-            if self.writer is not None:
-                for key, value in metrics.items():
-                    self.writer.add_scalar(key, value, env_steps)
-        if self.trackers is not None:
-            self.trackers.log(metrics, env_steps)
+        """One log interval: to every writer and, without a bar, a console line."""
+        for writer in self.writers:
+            writer.log(metrics, env_steps)
         if self.mode == "plain":
             self._last_line = time.monotonic()
             shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if k in _CONSOLE_KEYS)
@@ -177,12 +225,9 @@ class RunLogger:
         self.summary(failed | ({"resume": resume} if resume else {}))
 
     def summary(self, summary: dict) -> None:
-        path = self.run_dir / "summary.json"
-        with writing(path), open(path, "w") as f:
-            json.dump(summary, f, indent=2)
-        self._status = str(summary.get("status", "failed"))
-        if self.trackers is not None:
-            self.trackers.summary(summary)
+        for writer in self.writers:
+            writer.summary(summary)
+        self._status = str(summary.get("status", "failed"))  # once summary.json holds it
 
     def close(self) -> None:
         if self.bar is not None:
@@ -191,11 +236,8 @@ class RunLogger:
             for original, rich_handler in self._swapped:
                 root.removeHandler(rich_handler)
                 root.addHandler(original)
-        if self.writer is not None:
-            with writing(self.run_dir / "tb"):
-                self.writer.close()
-        if self.trackers is not None:
-            self.trackers.close(self._status)
+        for writer in self.writers:
+            writer.close(self._status)
 
 
 class NullLogger:
@@ -281,3 +323,7 @@ def _truncate_after(path: Path, env_steps: int) -> None:
     lines = path.read_text().splitlines()
     kept = [line for line in lines if line and json.loads(line).get("env_steps", 0) <= env_steps]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+if TYPE_CHECKING:  # mypy holds each writer to the one interface
+    _writers: list[type[Writer]] = [MetricsFile, TensorBoard, Trackers]

@@ -3,9 +3,13 @@ sent in batches (one log_batch per log interval, not one call per metric), the c
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import socket
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 from rlrun.trackers import RunIdentity, flat, scalars
@@ -16,6 +20,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402  (after the settings above, which it reads)
+from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 _STATUS = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
@@ -32,15 +37,13 @@ class MlflowTracker:
 
     def start(self, config: dict, run: RunIdentity) -> str:
         _check_reachable(self.settings.tracking_uri)
-        self.client = MlflowClient(tracking_uri=self.settings.tracking_uri)
+        with _store_lock(self.settings.tracking_uri):  # the client opens (on first use, makes) the store
+            self.client = MlflowClient(tracking_uri=self.settings.tracking_uri)
+            experiment_id = _experiment_id(self.client, self.settings.experiment)
         self.run_id = run.resumed_id(self.name)
         if self.run_id is not None:  # parameters stay as first logged
             self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id
-        experiment = self.client.get_experiment_by_name(self.settings.experiment)
-        experiment_id = (
-            experiment.experiment_id if experiment else self.client.create_experiment(self.settings.experiment)
-        )
         tags = {"rlrun.run_dir": str(run.run_dir), "rlrun.overrides": " ".join(run.overrides)[:5000]}
         if run.group:
             tags["rlrun.sweep"] = run.group
@@ -82,3 +85,34 @@ def _check_reachable(uri: str | None) -> None:
         socket.create_connection((parsed.hostname, port), timeout=5).close()
     except OSError as e:
         raise ConnectionError(f"cannot reach the tracking server {uri}: {e.strerror or e}") from None
+
+
+def _experiment_id(client: MlflowClient, name: str) -> str:
+    """The experiment's id, made if it does not exist yet: by this job, or by another job of a parallel sweep that
+    made it first (MLflow then refuses a second one with that name)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    try:
+        return str(client.create_experiment(name))
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return str(client.get_experiment_by_name(name).experiment_id)
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str | None) -> Iterator[None]:
+    """Held while a job opens a local sqlite store: its first use creates the store's tables, and the jobs of a
+    parallel sweep (joblib) opening a new store at once would each try (one fails on "table already exists").
+    A server serializes that itself; nothing to hold for it."""
+    if not (uri or "").startswith("sqlite:///"):
+        yield
+        return
+    lock = Path(uri.removeprefix("sqlite:///") + ".lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
