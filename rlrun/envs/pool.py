@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
@@ -396,3 +397,11 @@ class WorkerPool:
     def __del__(self) -> None:
         if not getattr(self, "closed", True):
             self.close()
+
+
+if TYPE_CHECKING:  # mypy holds this backend to the contracts it implements (rlrun/envs/protocol.py)
+    from rlrun.envs.protocol import JobContext, JobRunner, VectorEnv
+
+    _vector_env: type[VectorEnv] = WorkerPool
+    _job_runner: type[JobRunner] = WorkerPool
+    _job_context: type[JobContext] = WorkerContext

@@ -82,11 +82,24 @@ class VectorEnv(Protocol):
     def close(self) -> None: ...
 
 
-# A job: a module-level function (it is pickled by name) of a worker's WorkerContext and the arguments for its envs.
-if TYPE_CHECKING:
-    from rlrun.envs.pool import WorkerContext
+class JobContext(Protocol):
+    """What a job run in a worker works with (the pool's and the Ray actors' WorkerContext): its envs (rows `rows`
+    of the step buffers), the buffers, the arrays the rank shared, and `memory` that lasts from one job to the
+    next; step() steps its envs with the actions in the buffers and returns their infos."""
 
-    Job = Callable[Concatenate[WorkerContext, ...], Any]
+    index: int
+    envs: list[gym.Env]
+    rows: slice
+    buffers: dict[str, np.ndarray]
+    shared: dict[str, np.ndarray]
+    memory: dict[str, Any]
+
+    def step(self) -> list[dict[str, Any]]: ...
+
+
+# A job: a module-level function (it is pickled by name) of a worker's JobContext and the arguments for its envs.
+if TYPE_CHECKING:
+    Job = Callable[Concatenate[JobContext, ...], Any]
 else:
     Job = Callable[..., Any]  # Concatenate[X, ...] takes a bare ... from Python 3.11 on
 # Its arguments for the worker hosting the envs `slice` of the vector env.
@@ -105,12 +118,3 @@ class JobRunner(Protocol):
         names the job in errors. A job that steps envs through WorkerContext.step may run as long as it keeps
         stepping: the step timeout applies to each step. A job that fails outside an env sets where[0] = None."""
         ...
-
-
-if TYPE_CHECKING:  # mypy holds each backend to the contracts it implements
-    from rlrun.envs.pool import WorkerPool
-    from rlrun.envs.ray_envs import RayEnvs
-    from rlrun.envs.sync import SyncEnvs
-
-    _vector_envs: list[type[VectorEnv]] = [SyncEnvs, WorkerPool, RayEnvs]
-    _job_runners: list[type[JobRunner]] = [WorkerPool, RayEnvs]

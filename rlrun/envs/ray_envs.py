@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gymnasium.vector.utils import batch_space
@@ -334,3 +335,10 @@ def _joined(answers: list[tuple]) -> StepResult:
 def _cause(e: Exception) -> str:
     """The first line of a Ray error: why the actor is gone (killed, its node lost, out of memory)."""
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+if TYPE_CHECKING:  # mypy holds this backend to the contracts it implements (rlrun/envs/protocol.py)
+    from rlrun.envs.protocol import JobRunner, VectorEnv
+
+    _vector_env: type[VectorEnv] = RayEnvs
+    _job_runner: type[JobRunner] = RayEnvs

@@ -9,6 +9,7 @@ time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
@@ -174,3 +175,9 @@ class SyncEnvs:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+if TYPE_CHECKING:  # mypy holds this backend to the contracts it implements (rlrun/envs/protocol.py)
+    from rlrun.envs.protocol import VectorEnv
+
+    _vector_env: type[VectorEnv] = SyncEnvs
