@@ -8,6 +8,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import re
 import shutil
 import signal
 import socket
@@ -90,6 +91,31 @@ def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
     out = rlrun("train", f"hydra.run.dir={run}", *args, cwd=tmp_path, timeout=timeout)
     assert out.returncode == 0, out.stderr[-4000:]
     return run
+
+
+def assert_run_folder(run: Path, summary: dict) -> None:
+    """What a completed PPO run's folder holds: its config, log, one TensorBoard events file, and metrics.jsonl in
+    step order up to the summary's env steps, with PPO's losses and training returns."""
+    assert (run / ".hydra" / "config.yaml").exists() and (run / "train.log").read_text()
+    assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 1
+    metrics = read_jsonl(run / "metrics.jsonl")
+    steps = [m["env_steps"] for m in metrics]
+    assert steps == sorted(steps) and steps[-1] == summary["env_steps"]
+    assert any("losses/approx_kl" in m and "charts/episodic_return" in m for m in metrics)
+
+
+def play_and_record(run: Path, folder: Path) -> float:
+    """`rlrun play` of a run: 3 episodes (their mean return, read from play's table), then one recorded as a video
+    (asserted written)."""
+    out = rlrun("play", f"checkpoint={run}", "episodes=3", f"hydra.run.dir={folder / 'play'}", cwd=folder)
+    assert out.returncode == 0, out.stderr
+    mean = float(re.search(r"mean\s*│\s*([\d.]+)", out.stdout).group(1))
+    video = ["episodes=1", "video=true", f"hydra.run.dir={folder / 'video'}"]
+    out = rlrun("play", f"checkpoint={run}", *video, cwd=folder)
+    assert out.returncode == 0, out.stderr
+    videos = list((folder / "video" / "videos").glob("*.mp4"))
+    assert videos and videos[0].stat().st_size > 1000
+    return mean
 
 
 def final_state(run: Path) -> dict:
