@@ -37,10 +37,11 @@ class MlflowTracker:
 
     def start(self, config: dict, run: RunIdentity) -> str:
         _check_reachable(self.settings.tracking_uri)
+        self.run_id = run.resumed_id(self.name)
         with _store_lock(self.settings.tracking_uri):  # the client opens (on first use, makes) the store
             self.client = MlflowClient(tracking_uri=self.settings.tracking_uri)
-            experiment_id = _experiment_id(self.client, self.settings.experiment)
-        self.run_id = run.resumed_id(self.name)
+            # A resumed run's experiment is its own already: only a new run looks it up (or makes it).
+            experiment_id = None if self.run_id is not None else _experiment_id(self.client, self.settings.experiment)
         if self.run_id is not None:  # parameters stay as first logged
             self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id
