@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, validate_play
-from rlrun.errors import Fault, NonFiniteError, NothingToDo, UserError
+from rlrun.errors import Fault, Interrupted, NonFiniteError, NothingToDo, UserError
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -216,8 +216,19 @@ def _report(args: list[str]) -> None:
         report(parsed.paths, parsed.metric, parsed.x, parsed.compare, parsed.out)
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise Interrupted
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, _interrupted)  # not Python's own: see Interrupted
+    try:
+        _command(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # Ctrl-C before training took over the signals (start-up), or a second one in play
+        fail("interrupted", 128 + signal.SIGINT)
+
+
+def _command(argv: list[str]) -> None:
     if not argv:  # a usage error, as git and argparse treat a missing command
         print(USAGE, file=sys.stderr)
         sys.exit(2)
@@ -252,8 +263,6 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [f"rlrun {command}", *args]
     try:
         APPS[command]()
-    except KeyboardInterrupt:  # Ctrl-C before training took over the signals (start-up), or a second one in play
-        fail("interrupted", 128 + signal.SIGINT)
     finally:
         if took:
             release(folder)

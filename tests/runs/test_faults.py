@@ -170,5 +170,18 @@ def test_ctrl_c_during_start_up_is_one_line(folder):
     _wait_for(folder / "run" / ".hydra", proc)
     proc.send_signal(signal.SIGINT)
     _, stderr, seconds = _finish(proc, 30)
-    assert seconds < 10 and proc.returncode == 128 + signal.SIGINT
+    assert seconds < 10 and proc.returncode == 128 + signal.SIGINT, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+
+
+def test_ctrl_c_inside_code_made_by_exec_still_exits_130(folder):
+    """SIGINT while the config check imports the user's env module (before any run folder), inside code made by
+    exec() of a string (as dataclasses and namedtuples make their methods): one line and exit 130. It was a
+    traceback there; and a plain KeyboardInterrupt from such code, even handled, left CPython marking it unhandled,
+    so `python -m rlrun` died by SIGINT (-2) after its one line (the start-up test above, now and then)."""
+    (folder / "slow_import.py").write_text(
+        "import os, signal, time\nexec('os.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(5)')\n"
+    )
+    out = rlrun("train", "env.imports=[slow_import]", f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=60)
+    assert out.returncode == 128 + signal.SIGINT and not (folder / "run").exists(), out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "rlrun: error: interrupted" and "Traceback" not in out.stderr
