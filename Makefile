@@ -27,8 +27,11 @@ train: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Most tests are CLI runs, each mostly one busy process: one pytest worker per core (a test file stays on one
+# worker, with its module fixtures). Tests whose outcome rests on timing or that start clusters then run alone.
 test: typecheck
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile -m "not serial" --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m serial --durations=10
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not dist"

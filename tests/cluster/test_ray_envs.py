@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import DATA, assert_same_tensors, cli_env, final_state, on_ray, rlrun, train
 
 pytest.importorskip("ray.cluster_utils", reason="the ray extra is not installed")
-pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.serial]
 
 SHORT = ["total_steps=2048", "eval.episodes=2", "logging.progress=plain", "checkpoint.every_steps=0"]
 

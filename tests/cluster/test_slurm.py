@@ -16,7 +16,7 @@ import pytest
 from tests import slurm_cluster
 from tests.conftest import cli_env, read_jsonl
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.serial]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import cli_env, rlrun, tensors_in
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.serial]
 
 ENVS = """
 import gymnasium as gym, numpy as np

@@ -22,7 +22,7 @@ from rlrun.envs import make_env, make_vector_env
 from rlrun.envs.pool import EnvWorkerError, EnvWorkerTimeout, WorkerPool
 from tests.conftest import Faulty, assert_reaped, cli_env, rlrun
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120), pytest.mark.serial]
 
 
 def pool_cfg(env_id: str = "CartPole-v1", **vector) -> EnvConfig:

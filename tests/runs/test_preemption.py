@@ -23,6 +23,8 @@ from rlrun.errors import UserError
 from rlrun.fast import accelerate
 from tests.conftest import REPO, on_gloo_ranks, read_jsonl, rlrun, typed
 
+pytestmark = pytest.mark.serial  # a straggler is made by timing: alone, so other tests do not make one
+
 # What the update reads of a rollout, [T, N, ...] each.
 ROLLOUT = ("obs", "actions", "log_probs", "values", "next_values", "rewards", "terminated", "truncated")
 

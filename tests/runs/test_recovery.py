@@ -18,7 +18,7 @@ import torch
 
 from tests.conftest import DATA, children, cli_env, read_jsonl, rlrun
 
-pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.dist, pytest.mark.timeout(240), pytest.mark.serial]
 
 COMMON = ["env.imports=[recovery_envs]", "logging.progress=plain", "checkpoint.every_steps=0", "eval.episodes=2"]
 

@@ -31,7 +31,7 @@ from tests.conftest import (
     train,
 )
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120), pytest.mark.serial]
 SEEDS = [1, 2, 3, 4]
 
 
