@@ -20,8 +20,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from rlrun.compose.store import register_configs
 from rlrun.config import TrainConfig, validate_train
-from rlrun.config.store import register_configs
 from rlrun.distributed import from_env
 from rlrun.envs import make_env
 from rlrun.train import train

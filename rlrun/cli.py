@@ -1,4 +1,4 @@
-"""`rlrun <command> [hydra overrides]`: checks the overrides once (rlrun/config/preflight.py: a typo ends with one
+"""`rlrun <command> [hydra overrides]`: checks the overrides once (rlrun/compose/preflight.py: a typo ends with one
 clear line and no run folder), then runs the command's Hydra app, which converts the config to typed objects and
 calls down."""
 
@@ -67,9 +67,9 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
 
 
 def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
-    from rlrun.config.preflight import job_threads, replay_checkpoint, train_config
-    from rlrun.config.presets import job_presets
-    from rlrun.config.store import to_yaml
+    from rlrun.compose.preflight import job_threads, replay_checkpoint, train_config
+    from rlrun.compose.presets import job_presets
+    from rlrun.compose.store import to_yaml
     from rlrun.distributed import from_env, launched_externally, requeue_count, under_slurm
     from rlrun.launch import launch, setup_rank_logging
     from rlrun.train import train
@@ -109,7 +109,7 @@ def _job_folder(cfg: DictConfig, run_dir: Path) -> contextlib.AbstractContextMan
 def _named_run_folder(args: list[str]) -> Path | None:
     """The run folder of a single run when the command line names it (hydra.run.dir=, which a resume sets too), for
     the process that will write into it (rank 0, node 0): taken before Hydra writes .hydra/ and train.log there."""
-    from rlrun.config.hydra_compat import args_parser, parse_overrides
+    from rlrun.compose.hydra_compat import args_parser, parse_overrides
     from rlrun.distributed import torchrun_job
 
     parsed = args_parser().parse_args(args)
@@ -169,7 +169,7 @@ def train_app(cfg: DictConfig) -> float | None:
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="play")
 def play_app(cfg: DictConfig) -> float:
     from rlrun.checkpoint import load_checkpoint
-    from rlrun.config.store import from_yaml
+    from rlrun.compose.store import from_yaml
     from rlrun.play import play
 
     with user_errors():
@@ -241,9 +241,9 @@ def _command(argv: list[str]) -> None:
     if command == "report":
         _report(args)
         return
-    from rlrun.config.hydra_compat import runs_nothing
-    from rlrun.config.preflight import preflight
-    from rlrun.config.store import register_configs
+    from rlrun.compose.hydra_compat import runs_nothing
+    from rlrun.compose.preflight import preflight
+    from rlrun.compose.store import register_configs
 
     register_configs()  # the schemas the apps compose against
     try:

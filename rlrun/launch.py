@@ -15,8 +15,8 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
+from rlrun.compose.store import from_yaml
 from rlrun.config import TrainConfig
-from rlrun.config.store import from_yaml
 from rlrun.distributed import is_peer_loss
 
 log = logging.getLogger("rlrun")

@@ -26,8 +26,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlrun.algos.protocol import EnvSpec
+from rlrun.compose.store import register_configs
 from rlrun.config import CONF_DIR, ModelConfig, TrainConfig
-from rlrun.config.store import register_configs
 from rlrun.distributed import from_env
 
 REPO = Path(__file__).resolve().parent.parent

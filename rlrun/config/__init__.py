@@ -1,6 +1,6 @@
 """Typed config schema: the dataclasses Hydra validates conf/ against, and the value checks run once after
 composition. Every default lives here, or, for an algorithm's section, in its module's schema (rlrun/algos/);
-yaml files only override. rlrun.config.store registers them with Hydra."""
+yaml files only override. rlrun.compose.store registers them with Hydra."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class ModelConfig:
     core_size: int = 128  # recurrent models: LSTM/GRU hidden size, LRU state size (complex)
     lru_decay: str = "fixed"  # lru: fixed (a learned decay per channel) | input (scaled by the input each step)
     # Your own network instead (the keys above are then unused): the import path of an nn.Module class or factory,
-    # called as _target_(observation_space=..., action_space=..., **kwargs) by Hydra's instantiate. README: "Your
+    # called as _target_(observation_space=..., action_space=..., **kwargs) (rlrun/models/user.py). README: "Your
     # own network" says what its forward returns for each algorithm.
     _target_: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -299,28 +299,13 @@ def check_rules(section: Any, rules: dict[str, Rule], prefix: str = "") -> None:
 
 
 def check_device(device: str) -> None:
-    """The device's form (auto, cpu, cuda, cuda:N); whether the machine has it is check_device_present's."""
+    """The device's form (auto, cpu, cuda, cuda:N); whether the machine has it is compose.preflight's
+    check_device_present."""
     index = device.removeprefix("cuda:")
     check(
         device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and index.isdigit()),
         f"device={device}: accepted are auto, cpu, cuda, cuda:N",
     )
-
-
-def check_device_present(device: str, local_ranks: int = 1) -> None:
-    """A CUDA device named by `device` exists on this machine (`cuda` takes one per local rank). Imports torch: only
-    for a command that will run, never for printing a config or a typo's line."""
-    if not device.startswith("cuda"):
-        return
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    check(count > 0, f"device={device}: this machine has no CUDA device (accepted here: auto, cpu)")
-    devices = f"{count} CUDA device{'s' if count > 1 else ''} (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
-    if ":" in device:
-        check(int(device[5:]) < count, f"device={device}: this machine has {devices}")
-    else:  # each rank on the node takes cuda:<its local rank>
-        check(local_ranks <= count, f"device=cuda with {local_ranks} ranks per node: this machine has {devices}")
 
 
 def validate_train(cfg: TrainConfig) -> list[str]:

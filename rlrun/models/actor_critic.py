@@ -12,11 +12,10 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.config import RECURRENT_MODELS, ModelConfig
-from rlrun.config.instantiate import instantiate_network
 from rlrun.models import distributions as D
 from rlrun.models.encoders import TwinMLP, build_encoder, encoder_name, layer_init
 from rlrun.models.recurrent import build_core, not_starts
-from rlrun.models.user import AsGiven, check_outputs, given_space
+from rlrun.models.user import AsGiven, check_outputs, given_space, instantiate_network
 
 
 def image_parts(obs_space: gym.Space) -> tuple:

@@ -6,10 +6,9 @@ import gymnasium as gym
 from torch import Tensor, nn
 
 from rlrun.config import ModelConfig
-from rlrun.config.instantiate import instantiate_network
 from rlrun.models.actor_critic import action_mask_size, image_parts
 from rlrun.models.encoders import build_encoder, encoder_name
-from rlrun.models.user import AsGiven, check_outputs, given_space
+from rlrun.models.user import AsGiven, check_outputs, given_space, instantiate_network
 
 
 class QNetwork(nn.Module):

@@ -5,6 +5,9 @@ update."""
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -12,8 +15,36 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rlrun.config import ModelConfig
 from rlrun.errors import UserError
 from rlrun.models.encoders import observation_dtype
+
+
+def instantiate_network(cfg: ModelConfig, observation_space: gym.Space, action_space: gym.Space) -> nn.Module:
+    """`cfg._target_(observation_space=..., action_space=..., **cfg.kwargs)`, as Hydra's instantiate calls a target
+    (the kwargs as plain values); modules in the working directory can be named, as for `python -m`. A target that
+    cannot be imported or called, or that gives no torch module, is a UserError with one line."""
+    target = str(cfg._target_)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    module, _, name = target.rpartition(".")
+    try:
+        make: Any = getattr(importlib.import_module(module), name) if module else importlib.import_module(name)
+    except (ImportError, AttributeError) as e:
+        raise UserError(
+            f"model._target_={target}: cannot import it ({e}); give my_package.MyNet, a class in a "
+            "module importable from the working directory or installed"
+        ) from e
+    try:
+        net = make(observation_space=observation_space, action_space=action_space, **cfg.kwargs)
+    except Exception as e:  # the user's constructor: whatever it raises is theirs to read, in one line
+        raise UserError(
+            f"model._target_={target}(observation_space, action_space, **model.kwargs) failed: "
+            f"{type(e).__name__}: {' '.join(str(e).split())}"
+        ) from e
+    if not isinstance(net, nn.Module):
+        raise UserError(f"model._target_={target} returned a {type(net).__name__}, not a torch.nn.Module")
+    return net
 
 
 def given_space(obs_space: gym.Space) -> gym.Space:

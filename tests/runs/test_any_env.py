@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from rlrun.config.preflight import preflight
-from rlrun.config.store import register_configs
+from rlrun.compose.preflight import preflight
+from rlrun.compose.store import register_configs
 from rlrun.errors import UserError
 from tests.conftest import DATA, rlrun
 

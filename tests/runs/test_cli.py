@@ -126,5 +126,5 @@ def test_config_commands_and_preflight_errors_import_no_torch(tmp_path, args, co
     )
     assert out.returncode == code, out.stderr[-2000:]
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert "rlrun.config.preflight" in imported  # the composition and checks really ran
+    assert "rlrun.compose.preflight" in imported  # the composition and checks really ran
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, "torch was imported"

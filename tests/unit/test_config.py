@@ -3,8 +3,8 @@
 import pytest
 
 from rlrun.algos import A2CConfig, DQNConfig, PPOConfig
+from rlrun.compose.store import register_configs
 from rlrun.config import AtariConfig, validate_train
-from rlrun.config.store import register_configs
 from tests.conftest import typed
 
 register_configs()

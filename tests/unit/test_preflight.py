@@ -1,4 +1,4 @@
-"""The pre-flight in-process (rlrun/config/preflight.py and hydra_compat.py): every kind of bad input to
+"""The pre-flight in-process (rlrun/compose/preflight.py and hydra_compat.py): every kind of bad input to
 `rlrun train` (composition errors, and the value checks of the schemas) ends in one UserError line saying what
 is wrong and what is accepted. What rlrun reads of Hydra beyond its documented API (its argument parser, error
 texts) is exercised here: a Hydra release that changes it fails these tests, loudly, instead of users getting
@@ -12,10 +12,10 @@ import sys
 import pytest
 
 from rlrun.algos import DQNConfig
+from rlrun.compose.hydra_compat import args_parser, parse_overrides
+from rlrun.compose.preflight import preflight
+from rlrun.compose.store import from_yaml, register_configs, to_yaml
 from rlrun.config import EnvConfig, ModelConfig, TrainConfig
-from rlrun.config.hydra_compat import args_parser, parse_overrides
-from rlrun.config.preflight import preflight
-from rlrun.config.store import from_yaml, register_configs, to_yaml
 from rlrun.errors import UserError
 from tests.conftest import cli_env
 
@@ -148,7 +148,7 @@ def test_a_device_is_looked_for_only_by_a_command_that_runs():
     # Printing a config or failing on a typo never imports torch (start-up stays under a second); a run that asks for
     # a CUDA device this machine lacks is refused before its run folder exists.
     code = (
-        "import sys; from rlrun.config.store import register_configs; from rlrun.config.preflight import preflight;"
+        "import sys; from rlrun.compose.store import register_configs; from rlrun.compose.preflight import preflight;"
         "register_configs(); preflight('train', ['device=cuda:99', '--cfg', 'job']); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=cli_env())
@@ -178,12 +178,12 @@ def test_hydra_argument_parser_and_override_parser_as_rlrun_reads_them():
 
 def test_hydra_composes_from_the_live_config_store_not_a_copy_per_composition():
     # Each composition wraps the config repository in a caching one, which deep-copies it; Hydra 1.3's structured
-    # source held the ConfigStore, so every copy copied every schema (rlrun/config/hydra_compat.py).
+    # source held the ConfigStore, so every copy copied every schema (rlrun/compose/hydra_compat.py).
     from hydra._internal.config_repository import CachingConfigRepository, ConfigRepository
     from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
     from hydra.core.config_store import ConfigStore
 
-    from rlrun.config.hydra_compat import StructuredConfigSource
+    from rlrun.compose.hydra_compat import StructuredConfigSource
 
     path = ConfigSearchPathImpl()
     path.append("schema", "structured://")

@@ -14,8 +14,8 @@ from torch import nn
 from rlrun.algos import ALGORITHMS, Entry
 from rlrun.algos.protocol import EnvSpec, Reductions, episodes_of
 from rlrun.checkpoint import load_checkpoint
+from rlrun.compose.store import to_yaml
 from rlrun.config import EnvConfig, EvalConfig, LoggingConfig, ModelConfig, TrainConfig, check
-from rlrun.config.store import to_yaml
 from rlrun.distributed import from_env
 from rlrun.train import train
 

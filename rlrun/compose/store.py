@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
+from rlrun.compose.hydra_compat import read_config_store_live
 from rlrun.config import PlayConfig, TrainConfig
-from rlrun.config.hydra_compat import read_config_store_live
 from rlrun.errors import UserError
 
 GROUPS = ("algo", "env", "model", "tuned")  # the config groups (conf/<group>/): a resumed run keeps its choices

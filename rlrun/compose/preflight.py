@@ -15,8 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
-from rlrun.config import CONF_DIR, TrainConfig, check_device_present, validate_play, validate_train
-from rlrun.config.hydra_compat import (
+from rlrun.compose.hydra_compat import (
     COMPOSITION_ERRORS,
     args_parser,
     error_line,
@@ -26,8 +25,9 @@ from rlrun.config.hydra_compat import (
     parse_overrides,
     runs_nothing,
 )
-from rlrun.config.presets import preset_override
-from rlrun.config.store import GROUPS, from_yaml
+from rlrun.compose.presets import preset_override
+from rlrun.compose.store import GROUPS, from_yaml
+from rlrun.config import CONF_DIR, TrainConfig, check, validate_play, validate_train
 from rlrun.errors import NothingToDo, UserError
 
 log = logging.getLogger("rlrun")
@@ -35,6 +35,22 @@ log = logging.getLogger("rlrun")
 # What the pre-flight's env check (gymnasium's passive env checker) said of each env id, for the run's log: the
 # pre-flight runs before the run folder and its log exist; train_config, in the same process, logs them there.
 ENV_CHECK_WARNINGS: dict[str, list[str]] = {}
+
+
+def check_device_present(device: str, local_ranks: int = 1) -> None:
+    """A CUDA device named by `device` exists on this machine (`cuda` takes one per local rank). Imports torch: only
+    for a command that will run, never for printing a config or a typo's line."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check(count > 0, f"device={device}: this machine has no CUDA device (accepted here: auto, cpu)")
+    devices = f"{count} CUDA device{'s' if count > 1 else ''} (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
+    if ":" in device:
+        check(int(device[5:]) < count, f"device={device}: this machine has {devices}")
+    else:  # each rank on the node takes cuda:<its local rank>
+        check(local_ranks <= count, f"device=cuda with {local_ranks} ranks per node: this machine has {devices}")
 
 
 def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
@@ -248,7 +264,7 @@ def preflight(command: str, args: list[str]) -> list[str]:
                     load_checkpoint(typed.checkpoint)
     if command == "train":
         # One preset decision for every job is made here, so .hydra/ shows it; a sweep whose jobs differ (over
-        # env.id, say) has each job decide for itself (rlrun.config.presets.job_presets).
+        # env.id, say) has each job decide for itself (rlrun.compose.presets.job_presets).
         if len(presets) == 1 and None not in presets:
             # beside the other overrides: Hydra's parser takes one run of them (`a=1 --cfg job b=2` is an error)
             at = max((i + 1 for i, a in enumerate(args) if a in overrides), default=0)
@@ -267,7 +283,7 @@ def _compose(command: str, combo: list[str]) -> DictConfig:
 
 
 def _composed(command: str, combo: list[str]) -> tuple[object, str | None]:
-    """The typed config `combo` composes to, with the preset override it needs (None: none; rlrun/config/presets.py),
+    """The typed config `combo` composes to, with the preset override it needs (None: none; rlrun/compose/presets.py),
     or UserError with one line for every way it cannot be composed."""
     cfg, preset = _compose(command, combo), None
     if command == "train":
