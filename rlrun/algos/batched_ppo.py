@@ -29,7 +29,7 @@ from rlrun.models import ActorCritic
 from rlrun.models import distributions as D
 from rlrun.models.encoders import ACTIVATIONS, TwinMLP
 
-SUPPORTED = "PPO with model=mlp (model.shared=false), Discrete or Box actions, one rank, env.vector.backend=sync"
+SUPPORTED = "PPO with model=mlp (model.shared=false) on Discrete or Box actions, one rank, env.vector.backend=sync"
 
 
 def unbatchable(algo: object) -> str | None:
@@ -41,8 +41,6 @@ def unbatchable(algo: object) -> str | None:
         return f"a {type(model).__name__} network that is not model=mlp with model.shared=false"
     if model.kind not in ("categorical", "gaussian"):
         return f"{model.kind} actions"
-    if algo.obs_rms is not None or algo.ret_rms is not None:
-        return "algo.normalize_obs or algo.normalize_reward"
     return None
 
 
@@ -275,14 +273,19 @@ class BatchedPPO:
         obs = [a.next_obs for a in self.seeds]
         episodes: list[list] = [[] for _ in range(S)]
         for t in range(T):
-            x = torch.as_tensor(np.stack(obs), dtype=self.seeds[0].obs_dtype, device=self.device)
+            x = self._observations(obs, update_stats=True)
             action, log_prob, value = self.model.act(x, self.generators)
             r["obs"][:, t], r["actions"][:, t], r["log_probs"][:, t], r["values"][:, t] = x, action, log_prob, value
             sent = action.cpu().numpy()
             for s, a in enumerate(self.seeds):
                 obs[s], ended = observe_step(a._value_of, envs[s].step(sent[s]), t, slice(0, self.N), a.rollout)
                 episodes[s].append(ended)
-        last = self.model(torch.as_tensor(np.stack(obs), dtype=self.seeds[0].obs_dtype, device=self.device))[1]
+        for a in self.seeds:  # step by step, in order, as the envs returned them (PPO.collect)
+            if a.ret_rms is not None:
+                done = a.rollout.terminated_np | a.rollout.truncated_np
+                for t in range(T):
+                    a.rollout.rewards_np[t] = a._scale_rewards(a.rollout.rewards_np[t], done[t])
+        last = self.model(self._observations(obs))[1]
         # Bootstrap from the next step's value except where the episode was truncated (PPO.collect).
         following = torch.cat([r["values"][:, 1:], last.unsqueeze(1)], dim=1)
         r["next_values"].copy_(torch.where(r["truncated"].to(self.device), r["next_values"], following))
@@ -291,6 +294,13 @@ class BatchedPPO:
             a.next_obs, a.length = obs[s], T
             collected.append(episodes_of(episodes[s], T * self.N))
         return collected
+
+    def _observations(self, obs: list[np.ndarray], update_stats: bool = False) -> Tensor:
+        """The seeds' raw observations (each [N, ...]) as their networks see them, [S, N, ...]: each seed's own
+        normalizer when configured (PPO.preprocess)."""
+        if self.seeds[0].obs_rms is None:
+            return torch.as_tensor(np.stack(obs), dtype=self.seeds[0].obs_dtype, device=self.device)
+        return torch.stack([a.preprocess(o, update_stats) for a, o in zip(self.seeds, obs)])
 
     def update(self, progress: float) -> list[dict[str, float]]:
         """Epochs x minibatches of PPO on the last rollouts, every seed's as PPO.update makes it; each seed's

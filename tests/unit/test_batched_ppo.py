@@ -3,6 +3,8 @@ each seed's update is its single run's, and no seed's training depends on the se
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -63,12 +65,13 @@ def batched_updates(
 CARTPOLE = PPOConfig(num_steps=16, num_minibatches=2, update_epochs=3)
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_each_seeds_first_update_equals_its_single_run(env_id):
+@pytest.mark.parametrize("env_id, normalize", [("CartPole-v1", False), ("Pendulum-v1", False), ("Pendulum-v1", True)])
+def test_each_seeds_first_update_equals_its_single_run(env_id, normalize):
+    cfg = replace(CARTPOLE, normalize_obs=normalize, normalize_reward=normalize)
     seeds = [0, 1, 2]
-    batched, _ = batched_updates(CARTPOLE, env_id, seeds, 1)
+    batched, _ = batched_updates(cfg, env_id, seeds, 1)
     for seed, params in zip(seeds, batched):
-        single, _ = single_updates(CARTPOLE, env_id, seed, 1)
+        single, _ = single_updates(cfg, env_id, seed, 1)
         for a, b in zip(params, single, strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 

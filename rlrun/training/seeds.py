@@ -1,0 +1,164 @@
+"""Several seeds of one config trained side by side in one process (issue 35; `hydra/launcher=batched`): each seed's
+run is built as its single run is (its envs, logger, checkpointer, evaluator and Loop, in its own run folder), and
+one BatchedPPO collects and updates for all of them; then each seed's Loop logs, evaluates and checkpoints its own
+iteration as it would alone, so every folder holds what a single run's holds."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlrun.algos.batched_ppo import SUPPORTED, BatchedPPO, unbatchable
+from rlrun.config import TrainConfig
+from rlrun.errors import UserError
+from rlrun.train import Loop, require_finite_stats
+from rlrun.training.parts import LocalParts, Run, build_parts, close_parts, configure_torch, open_parts
+from rlrun.training.signals import StopSignal
+
+# The run folder of the seed the batch works for at this moment (None: the batch as a whole), which SeedLogFilter
+# reads to send each seed's log lines to its own train.log.
+working_for: ContextVar[Path | None] = ContextVar("working_for", default=None)
+
+
+class SeedLogFilter(logging.Filter):
+    """Passes the lines of the seed whose run folder is `run_dir`, and the batch's own (on a seed's train.log; on the
+    console, with the first seed's folder, what the console follows)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = working_for.get()
+        return current is None or current == self.run_dir
+
+
+def refusal(cfg: TrainConfig) -> str | None:
+    """Why a run of `cfg` cannot train in a batch of seeds (a line naming what can), or None; what only the built
+    algorithm shows (its action space) is checked when the batch builds it."""
+    d, m = cfg.distributed, cfg.model
+    reasons = {
+        f"algo={cfg.algo.name}": cfg.algo.name != "ppo",
+        "a user network (model._target_)": m._target_ is not None,
+        f"model={m.name}": m._target_ is None and m.name != "mlp",
+        "model.shared=true": m.name == "mlp" and m.shared,
+        "several ranks": d.nproc_per_node * d.nnodes > 1,
+        f"env.vector.backend={cfg.env.vector.backend}": cfg.env.vector.backend != "sync",
+        "resume= (resume each seed's run folder on its own)": cfg.resume is not None,
+    }
+    refused = [name for name, applies in reasons.items() if applies]
+    if not refused:
+        return None
+    return f"hydra/launcher=batched trains {SUPPORTED}; not {', '.join(refused)} (run those without it)"
+
+
+class _SharedStop(StopSignal):
+    """One StopSignal for every seed of the batch: they stop at the same iteration. It takes the signals once."""
+
+    def listen(self) -> None:
+        if not self._previous:
+            super().listen()
+
+
+@contextlib.contextmanager
+def _seed(loop: Loop | None, run: Run, generator: torch.Generator | None) -> Iterator[None]:
+    """Work for one seed: its log lines go to its folder, and torch's global generator holds its training stream
+    (what its checkpoints save and its resume restores, as a single run's) until the block ends."""
+    token = working_for.set(run.run_dir)
+    if generator is not None:
+        torch.set_rng_state(generator.get_state())
+    try:
+        yield
+    finally:
+        if generator is not None:
+            generator.set_state(torch.get_rng_state())
+        working_for.reset(token)
+
+
+def train_seeds(runs: list[Run]) -> list[dict[str, Any]]:
+    """Train the seeds' runs (one config but the seed, one rank each) side by side; returns each one's summary."""
+    for run in runs:
+        reason = refusal(run.cfg)
+        if reason is not None:
+            raise UserError(reason)
+    configure_torch(runs[0].cfg, runs[0].ctx)
+    stop = _SharedStop(announce=True)
+    built = [_for_batch(run) for run in runs]
+    opened: list[tuple[Run, LocalParts]] = []
+    try:
+        loops, generators = [], []
+        for run in built:
+            with _seed(None, run, None):
+                local = replace(open_parts(run), stop=stop)
+                opened.append((run, local))
+                parts = build_parts(run, local)
+                reason = unbatchable(parts.algo)
+                if reason is not None:
+                    raise UserError(f"hydra/launcher=batched trains {SUPPORTED}; not {reason}")
+                loops.append(Loop(run, replace(parts, accelerations=[f"{len(runs)} seeds batched"])))
+                generators.append(torch.Generator().set_state(torch.get_rng_state()))
+        return _train(loops, generators)
+    finally:
+        for run, local in reversed(opened):
+            with _seed(None, run, None):
+                close_parts(run, local)
+
+
+def _for_batch(run: Run) -> Run:
+    """The seed's run as this process builds it: without rlrun/fast's accelerations (the batch is the seeds'
+    acceleration) and without a progress bar per seed (a plain line, or none). Its checkpoints carry the config as
+    given (run.config_yaml)."""
+    cfg = run.cfg
+    progress = "none" if cfg.logging.progress == "none" else "plain"
+    cfg = replace(cfg, algo=replace(cfg.algo, fast=False), logging=replace(cfg.logging, progress=progress))
+    return replace(run, cfg=cfg)
+
+
+def _train(loops: list[Loop], generators: list[torch.Generator]) -> list[dict[str, Any]]:
+    """The iterations of every seed in step, then each one's final checkpoint, evaluation and summary."""
+    first = loops[0]
+    if len({(loop.at.env_steps, loop.final_steps) for loop in loops}) > 1:
+        raise UserError("the seeds of a batch must start at the same env step and train as many")
+    batch = BatchedPPO([loop.parts.algo for loop in loops], generators)
+    envs = [loop.parts.envs for loop in loops]
+    for loop in loops:
+        loop.parts.record.start_training()
+    stopped: int | None = None
+    while stopped is None and first.at.env_steps < first.final_steps:
+        progress = first.progress(first.at.env_steps)
+        with _recovering(loops):
+            collected = batch.collect(envs)
+            for loop in loops:
+                loop.recovery.updating = True
+            stats = batch.update(progress)
+            for loop, st in zip(loops, stats):
+                loop.recovery.updating = False
+                require_finite_stats(st, loop.run.cfg.algo.name)
+            for loop, gen, c, st in zip(loops, generators, collected, stats):
+                with _seed(loop, loop.run, gen):
+                    done = loop.iteration_done(c, st)
+                stopped = done if stopped is None else stopped
+    summaries = []
+    for loop, gen in zip(loops, generators):
+        with _seed(loop, loop.run, gen):
+            summaries.append(loop.finish(stopped))
+    return summaries
+
+
+@contextlib.contextmanager
+def _recovering(loops: list[Loop]) -> Iterator[None]:
+    """A failure in the batch leaves each seed's recovery checkpoint, when one is due."""
+    try:
+        yield
+    except Exception as e:
+        for loop in loops:
+            with _seed(loop, loop.run, None):
+                loop.recovery.leave(e, loop.at)
+        raise
