@@ -185,17 +185,6 @@ class SeedJob:
     run_dir: Path
 
 
-def refuse_batch(cfg: DictConfig) -> None:
-    """End with one line when a job's config (a sweep's, before its folder is made) cannot train in a batch of
-    seeds."""
-    from rlrun.training.seeds import refusal
-
-    with user_errors():
-        reason = refusal(OmegaConf.to_object(cfg))
-    if reason is not None:
-        fail(reason)
-
-
 def seed_job(cfg: DictConfig) -> SeedJob:
     """The batched launcher's task for each job of a batch, inside Hydra's job (its folder, .hydra/ and train.log
     made): the job's config, checked, and its folder held until train_seed_jobs lets it go."""

@@ -4,7 +4,6 @@ differ only in `seed` into batches of at most max_batch, makes each job's folder
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, open_dict
 
 log = logging.getLogger(__name__)
 
@@ -40,19 +39,18 @@ class BatchedLauncher(Launcher):
         self.config, self.hydra_context = config, hydra_context
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from rlrun.cli import refuse_batch, train_seed_jobs
+        from rlrun.cli import train_seed_jobs
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
+        # What a batch cannot train was refused before Hydra started (rlrun/config/preflight.py).
         configs = {idx: self._job_config(idx, overrides) for idx, overrides in jobs}
-        for config in configs.values():  # before any job folder is made
-            refuse_batch(_without_hydra(config))
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         returns: dict[int, JobReturn] = {}
         for batch in batches(jobs, self.max_batch):
-            log.info("Training %d seeds in one process: %s", len(batch), ", ".join(f"#{i}" for i, _ in batch))
+            log.info("Training %d seed%s in one process: %s", len(batch), "s" if len(batch) > 1 else "", ", ".join(f"#{i}" for i, _ in batch))
             for idx, overrides in batch:
                 log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             made = [self._make_job(configs[idx]) for idx, _ in batch]
@@ -89,14 +87,6 @@ class BatchedLauncher(Launcher):
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )
-
-
-def _without_hydra(config: DictConfig) -> DictConfig:
-    """The job's own config, as its task gets it."""
-    task = copy.deepcopy(config)
-    with read_write(task), open_dict(task):
-        del task["hydra"]
-    return task
 
 
 def _route_logs(run_dirs: list[Path]) -> None:

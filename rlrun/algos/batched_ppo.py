@@ -13,6 +13,7 @@ stopped seed's weights and moments as they are (a zeroed gradient would not: Ada
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -24,12 +25,11 @@ from rlrun.algos.ppo import PPO, STATS
 from rlrun.algos.protocol import episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import observe_step
+from rlrun.config.batched import LAUNCHER, SUPPORTED
 from rlrun.envs.protocol import VectorEnv
 from rlrun.models import ActorCritic
 from rlrun.models import distributions as D
 from rlrun.models.encoders import ACTIVATIONS, TwinMLP
-
-SUPPORTED = "PPO with model=mlp (model.shared=false) on Discrete or Box actions, one rank, env.vector.backend=sync"
 
 
 def unbatchable(algo: object) -> str | None:
@@ -202,6 +202,45 @@ class SeedAdam:
         self.steps = steps
 
 
+class SeedOptimizer:
+    """Seed s's share of a SeedAdam as the seed's PPO holds its optimizer (PPOParts.make_optimizer): state_dict() and
+    load_state_dict() in torch.optim.Adam's format over the seed's own parameters (the order `params` has), so the
+    seed's checkpoint is a single run's and a single run's checkpoint loads into the batch. It takes no steps."""
+
+    def __init__(
+        self, adam: SeedAdam, seed: int, layouts: list[Layout], model: ActorCritic, params: list[nn.Parameter]
+    ) -> None:
+        self.adam, self.seed = adam, seed
+        own = [getter(model) for _, getter, _ in layouts]
+        # For each of the seed's parameters, in its order: its stacked parameter's index and its slice's layout.
+        self.slots = [(j, layouts[j][2]) for p in params for j, q in enumerate(own) if q is p]
+        self.params = params
+        self.param_groups = [{"lr": adam.lr}]
+
+    def state_dict(self) -> dict:
+        a, s = self.adam, self.seed
+        group = {"lr": a.lr, "betas": a.betas, "eps": a.eps, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
+        group |= {"foreach": None, "capturable": False, "differentiable": False, "fused": None}
+        group["decoupled_weight_decay"] = False
+        group["params"] = list(range(len(self.params)))
+        state = {}
+        if a.steps[s] > 0:  # torch.optim.Adam holds no state for a parameter never stepped
+            for i, (p, (j, view)) in enumerate(zip(self.params, self.slots)):
+                m, v = torch.zeros_like(p), torch.zeros_like(p)
+                view(m).copy_(a.exp_avg[j][s])
+                view(v).copy_(a.exp_avg_sq[j][s])
+                state[i] = {"step": torch.tensor(float(a.steps[s])), "exp_avg": m, "exp_avg_sq": v}
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state: dict) -> None:
+        a, s = self.adam, self.seed
+        saved = state["state"]
+        a.steps[s] = float(saved[0]["step"]) if saved else 0.0
+        for i, (j, view) in enumerate(self.slots):
+            for moments, key in ((a.exp_avg, "exp_avg"), (a.exp_avg_sq, "exp_avg_sq")):
+                moments[j][s].copy_(view(saved[i][key])) if saved else moments[j][s].zero_()
+
+
 class BatchedPPO:
     """S seeds' PPO trained together: collect steps every seed's vector env after one batched forward; update runs
     all seeds' epochs and minibatches with one batched forward and backward per minibatch. `seeds`: each seed's
@@ -212,12 +251,16 @@ class BatchedPPO:
         for algo in seeds:
             reason = unbatchable(algo)
             if reason is not None:
-                raise ValueError(f"the batched launcher trains {SUPPORTED}; not {reason}")
+                raise ValueError(f"{LAUNCHER} trains {SUPPORTED}; not {reason}")
         self.seeds, self.generators = seeds, generators
         self.cfg = seeds[0].cfg
         self.S, self.N, self.device = len(seeds), seeds[0].num_envs, seeds[0].device
         self.model = BatchedActorCritic([a.model for a in seeds])
         self.optimizer = SeedAdam(self.model.seed_parameters(), self.cfg.lr, self.cfg.adam_eps)
+        for s, a in enumerate(seeds):  # PPO's declared optimizer part: each seed's becomes its share of SeedAdam
+            if "optimizer" in vars(a):
+                raise ValueError("a seed's optimizer was built before the batch: its state would be left behind")
+            a.parts.make_optimizer = functools.partial(SeedOptimizer, self.optimizer, s, self.model.layouts, a.model)
         self.rollout = self._share_rollouts()
         self.load_seeds()
 
@@ -235,32 +278,13 @@ class BatchedPPO:
         return stacked
 
     def load_seeds(self) -> None:
-        """Take the seeds' networks and Adam states (at the start, and after each loaded a checkpoint)."""
+        """Take the seeds' networks' weights (at the start, and after each loaded a checkpoint; their optimizer
+        states load straight into SeedAdam, through SeedOptimizer)."""
         self.model.read_from([a.model for a in self.seeds])
-        opt = self.optimizer
-        for s, a in enumerate(self.seeds):
-            for i, (_, own, view) in enumerate(self.model.layouts):
-                state = a.optimizer.state.get(own(a.model), {})
-                if "step" in state:
-                    opt.steps[s] = float(state["step"])
-                    opt.exp_avg[i][s].copy_(view(state["exp_avg"]))
-                    opt.exp_avg_sq[i][s].copy_(view(state["exp_avg_sq"]))
 
     def write_seeds(self) -> None:
-        """Give each seed's PPO its network and Adam state, as its torch.optim.Adam holds them (its checkpoints are
-        a single run's, so `resume=` and `rlrun play` take them as they are)."""
+        """Give each seed's network its weights (its optimizer state is SeedAdam's, read through SeedOptimizer)."""
         self.model.write_to([a.model for a in self.seeds])
-        opt = self.optimizer
-        for s, a in enumerate(self.seeds):
-            if opt.steps[s] == 0:
-                continue
-            for i, (_, own, view) in enumerate(self.model.layouts):
-                p = own(a.model)
-                state = {"step": torch.tensor(float(opt.steps[s]))}
-                for key, moments in (("exp_avg", opt.exp_avg), ("exp_avg_sq", opt.exp_avg_sq)):
-                    state[key] = torch.zeros_like(p)
-                    view(state[key]).copy_(moments[i][s])
-                a.optimizer.state[p] = state
 
     @torch.inference_mode()
     def collect(self, envs: list[VectorEnv]) -> list[dict]:

@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlrun.algos import ALGORITHMS
 from rlrun.config import CONF_DIR, TrainConfig, check_device_present, validate_play, validate_train
+from rlrun.config.batched import LAUNCHER, batch_refusal
 from rlrun.config.hydra_compat import (
     COMPOSITION_ERRORS,
     args_parser,
@@ -234,11 +235,15 @@ def preflight(command: str, args: list[str]) -> list[str]:
             args = [exact[overrides.index(a)] if a in overrides else a for a in args]
             overrides, combos = exact, _combinations(exact)
         presets = set()
+        batched = LAUNCHER in overrides
         for combo in combos:
             typed, preset = _composed(command, combo)
             presets.add(preset)
             if command == "train":
                 _preflight_train(typed, runs)
+                refused = batch_refusal(typed) if batched else None
+                if refused is not None:
+                    raise UserError(refused)
             else:
                 validate_play(typed)
                 if runs:  # a bad checkpoint or device ends here, before Hydra makes the play's run folder

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from rlrun.algos.batched_ppo import SUPPORTED, BatchedPPO, unbatchable
-from rlrun.config import TrainConfig
+from rlrun.algos.batched_ppo import BatchedPPO, unbatchable
+from rlrun.config.batched import LAUNCHER, SUPPORTED, batch_refusal
 from rlrun.errors import UserError
 from rlrun.train import Loop, require_finite_stats
 from rlrun.training.parts import LocalParts, Run, build_parts, close_parts, configure_torch, open_parts
@@ -40,25 +40,6 @@ class SeedLogFilter(logging.Filter):
         return current is None or current == self.run_dir
 
 
-def refusal(cfg: TrainConfig) -> str | None:
-    """Why a run of `cfg` cannot train in a batch of seeds (a line naming what can), or None; what only the built
-    algorithm shows (its action space) is checked when the batch builds it."""
-    d, m = cfg.distributed, cfg.model
-    reasons = {
-        f"algo={cfg.algo.name}": cfg.algo.name != "ppo",
-        "a user network (model._target_)": m._target_ is not None,
-        f"model={m.name}": m._target_ is None and m.name != "mlp",
-        "model.shared=true": m.name == "mlp" and m.shared,
-        "several ranks": d.nproc_per_node * d.nnodes > 1,
-        f"env.vector.backend={cfg.env.vector.backend}": cfg.env.vector.backend != "sync",
-        "resume= (resume each seed's run folder on its own)": cfg.resume is not None,
-    }
-    refused = [name for name, applies in reasons.items() if applies]
-    if not refused:
-        return None
-    return f"hydra/launcher=batched trains {SUPPORTED}; not {', '.join(refused)} (run those without it)"
-
-
 class _SharedStop(StopSignal):
     """One StopSignal for every seed of the batch: they stop at the same iteration. It takes the signals once."""
 
@@ -68,7 +49,7 @@ class _SharedStop(StopSignal):
 
 
 @contextlib.contextmanager
-def _seed(loop: Loop | None, run: Run, generator: torch.Generator | None) -> Iterator[None]:
+def _seed(run: Run, generator: torch.Generator | None) -> Iterator[None]:
     """Work for one seed: its log lines go to its folder, and torch's global generator holds its training stream
     (what its checkpoints save and its resume restores, as a single run's) until the block ends."""
     token = working_for.set(run.run_dir)
@@ -85,29 +66,35 @@ def _seed(loop: Loop | None, run: Run, generator: torch.Generator | None) -> Ite
 def train_seeds(runs: list[Run]) -> list[dict[str, Any]]:
     """Train the seeds' runs (one config but the seed, one rank each) side by side; returns each one's summary."""
     for run in runs:
-        reason = refusal(run.cfg)
+        reason = batch_refusal(run.cfg)
         if reason is not None:
             raise UserError(reason)
     configure_torch(runs[0].cfg, runs[0].ctx)
     stop = _SharedStop(announce=True)
-    built = [_for_batch(run) for run in runs]
+    runs = [_for_batch(run) for run in runs]
     opened: list[tuple[Run, LocalParts]] = []
     try:
-        loops, generators = [], []
-        for run in built:
-            with _seed(None, run, None):
+        seeds, generators = [], []
+        for run in runs:  # each built as its single run is, on torch's global generator seeded for it
+            with _seed(run, None):
                 local = replace(open_parts(run), stop=stop)
                 opened.append((run, local))
                 parts = build_parts(run, local)
                 reason = unbatchable(parts.algo)
                 if reason is not None:
-                    raise UserError(f"hydra/launcher=batched trains {SUPPORTED}; not {reason}")
-                loops.append(Loop(run, replace(parts, accelerations=[f"{len(runs)} seeds batched"])))
+                    raise UserError(f"{LAUNCHER} trains {SUPPORTED}; not {reason}")
+                seeds.append(replace(parts, accelerations=[f"{len(runs)} seeds batched"]))
                 generators.append(torch.Generator().set_state(torch.get_rng_state()))
-        return _train(loops, generators)
+        batch = BatchedPPO([parts.algo for parts in seeds], generators)
+        loops = []
+        for run, parts, generator in zip(runs, seeds, generators):
+            with _seed(run, generator):  # a resume restores the seed's stream into the global generator
+                loops.append(Loop(run, parts))
+        batch.load_seeds()
+        return _train(loops, batch, generators)
     finally:
         for run, local in reversed(opened):
-            with _seed(None, run, None):
+            with _seed(run, None):
                 close_parts(run, local)
 
 
@@ -121,12 +108,11 @@ def _for_batch(run: Run) -> Run:
     return replace(run, cfg=cfg)
 
 
-def _train(loops: list[Loop], generators: list[torch.Generator]) -> list[dict[str, Any]]:
+def _train(loops: list[Loop], batch: BatchedPPO, generators: list[torch.Generator]) -> list[dict[str, Any]]:
     """The iterations of every seed in step, then each one's final checkpoint, evaluation and summary."""
     first = loops[0]
     if len({(loop.at.env_steps, loop.final_steps) for loop in loops}) > 1:
         raise UserError("the seeds of a batch must start at the same env step and train as many")
-    batch = BatchedPPO([loop.parts.algo for loop in loops], generators)
     envs = [loop.parts.envs for loop in loops]
     for loop in loops:
         loop.parts.record.start_training()
@@ -142,12 +128,12 @@ def _train(loops: list[Loop], generators: list[torch.Generator]) -> list[dict[st
                 loop.recovery.updating = False
                 require_finite_stats(st, loop.run.cfg.algo.name)
             for loop, gen, c, st in zip(loops, generators, collected, stats):
-                with _seed(loop, loop.run, gen):
+                with _seed(loop.run, gen):
                     done = loop.iteration_done(c, st)
                 stopped = done if stopped is None else stopped
     summaries = []
     for loop, gen in zip(loops, generators):
-        with _seed(loop, loop.run, gen):
+        with _seed(loop.run, gen):
             summaries.append(loop.finish(stopped))
     return summaries
 
@@ -159,6 +145,6 @@ def _recovering(loops: list[Loop]) -> Iterator[None]:
         yield
     except Exception as e:
         for loop in loops:
-            with _seed(loop, loop.run, None):
+            with _seed(loop.run, None):
                 loop.recovery.leave(e, loop.at)
         raise

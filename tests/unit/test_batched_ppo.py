@@ -15,6 +15,7 @@ from rlrun.algos.protocol import EnvSpec
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
 from rlrun.seeding import TRAIN, torch_seed
+from tests.conftest import tensors_in
 
 NUM_ENVS = 4
 
@@ -31,21 +32,30 @@ def seed_run(cfg: PPOConfig, env_id: str, seed: int) -> tuple[PPO, SyncEnvs]:
     return algo, envs
 
 
-def single_updates(cfg: PPOConfig, env_id: str, seed: int, updates: int) -> tuple[list[torch.Tensor], list[float]]:
-    """The parameters of the seed's single run after `updates` iterations, and each update's epochs."""
+def single_updates(cfg: PPOConfig, env_id: str, seed: int, updates: int) -> tuple[PPO, list[float]]:
+    """The seed's single run after `updates` iterations, and each update's epochs."""
     algo, envs = seed_run(cfg, env_id, seed)
     epochs = []
     for i in range(updates):
         algo.collect(envs)
         epochs.append(algo.update(progress=i / updates)["epochs"])
     envs.close()
-    return [p.detach().clone() for p in algo.model.parameters()], epochs
+    return algo, epochs
 
 
-def batched_updates(
-    cfg: PPOConfig, env_id: str, seeds: list[int], updates: int
-) -> tuple[list[list[torch.Tensor]], list[list[float]]]:
-    """The same for the seeds trained side by side in one BatchedPPO: each seed's parameters and epochs."""
+def assert_same_state(batched: PPO, single: PPO) -> None:
+    """The seed's network and optimizer state (as its checkpoint holds them) equal its single run's, to 1e-5."""
+    a, b = batched.state_dict(), single.state_dict()
+    for x, y in zip(a["model"].values(), b["model"].values(), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
+    for i, own in b["optimizer"]["state"].items():
+        for key, value in own.items():
+            torch.testing.assert_close(a["optimizer"]["state"][i][key], value, rtol=0, atol=1e-5)
+
+
+def batched_updates(cfg: PPOConfig, env_id: str, seeds: list[int], updates: int) -> tuple[list[PPO], list[list[float]]]:
+    """The same for the seeds trained side by side in one BatchedPPO: each seed's PPO and epochs."""
     built, generators = [], []
     for seed in seeds:
         built.append(seed_run(cfg, env_id, seed))
@@ -59,7 +69,7 @@ def batched_updates(
             epochs[s].append(stats["epochs"])
     for e in envs:
         e.close()
-    return [[p.detach().clone() for p in algo.model.parameters()] for algo, _ in built], epochs
+    return [algo for algo, _ in built], epochs
 
 
 CARTPOLE = PPOConfig(num_steps=16, num_minibatches=2, update_epochs=3)
@@ -70,10 +80,8 @@ def test_each_seeds_first_update_equals_its_single_run(env_id, normalize):
     cfg = replace(CARTPOLE, normalize_obs=normalize, normalize_reward=normalize)
     seeds = [0, 1, 2]
     batched, _ = batched_updates(cfg, env_id, seeds, 1)
-    for seed, params in zip(seeds, batched):
-        single, _ = single_updates(cfg, env_id, seed, 1)
-        for a, b in zip(params, single, strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for seed, algo in zip(seeds, batched):
+        assert_same_state(algo, single_updates(cfg, env_id, seed, 1)[0])
 
 
 def test_clipping_and_the_target_kl_stop_are_each_seeds_own():
@@ -85,20 +93,19 @@ def test_clipping_and_the_target_kl_stop_are_each_seeds_own():
     batched, epochs = batched_updates(cfg, "CartPole-v1", seeds, 1)
     stopped = [e[0] for e in epochs]
     assert min(stopped) < cfg.update_epochs and len(set(stopped)) > 1, f"the stops do not differ by seed: {stopped}"
-    for seed, params, own in zip(seeds, batched, stopped):
+    for seed, algo, own in zip(seeds, batched, stopped):
         single, single_epochs = single_updates(cfg, "CartPole-v1", seed, 1)
         assert single_epochs == [own]
-        for a, b in zip(params, single, strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+        assert_same_state(algo, single)
 
 
 def test_a_seed_trains_alike_whatever_seeds_train_beside_it():
     cfg = PPOConfig(num_steps=16, num_minibatches=2, update_epochs=4, target_kl=0.01)
     beside_123, _ = batched_updates(cfg, "CartPole-v1", [0, 1, 2, 3], 4)
     beside_567, _ = batched_updates(cfg, "CartPole-v1", [0, 5, 6, 7], 4)
-    for a, b in zip(beside_123[0], beside_567[0], strict=True):
-        assert torch.equal(a, b)
-    assert not torch.equal(beside_123[1][0], beside_567[1][0])  # the neighbours did train differently
+    a, b = beside_123[0].state_dict(), beside_567[0].state_dict()
+    assert tensors_in(a) and all(torch.equal(x, y) for x, y in zip(tensors_in(a), tensors_in(b), strict=True))
+    assert not torch.equal(beside_123[1].model.trunk.first.weight, beside_567[1].model.trunk.first.weight)
 
 
 def test_per_seed_clipping_and_adam_are_s_independent_ones():
@@ -129,3 +136,18 @@ def test_per_seed_clipping_and_adam_are_s_independent_ones():
     for p, q in zip(stacked, before):
         assert torch.equal(p[1], q[1])
     assert adam.steps.tolist() == [2, 1, 2]
+
+
+def test_a_seeds_checkpoint_state_loads_back_into_a_batch():
+    trained, _ = batched_updates(CARTPOLE, "CartPole-v1", [0, 1], 1)
+    saved = trained[1].state_dict()
+    fresh = [seed_run(CARTPOLE, "CartPole-v1", seed) for seed in (0, 1)]
+    batch = BatchedPPO([algo for algo, _ in fresh], [torch.Generator(), torch.Generator()])
+    fresh[1][0].load_state_dict(saved)  # as a resume loads a seed's checkpoint
+    batch.load_seeds()
+    batch.write_seeds()
+    loaded = fresh[1][0].state_dict()
+    assert all(torch.equal(x, y) for x, y in zip(tensors_in(loaded), tensors_in(saved), strict=True))
+    assert batch.optimizer.steps.tolist() == [0, CARTPOLE.num_minibatches * CARTPOLE.update_epochs]
+    for _, envs in fresh:
+        envs.close()
