@@ -302,13 +302,13 @@ class BatchedPPO:
             r["obs"][:, t], r["actions"][:, t], r["log_probs"][:, t], r["values"][:, t] = x, action, log_prob, value
             sent = action.cpu().numpy()
             for s, a in enumerate(self.seeds):
-                obs[s], ended = observe_step(a._value_of, envs[s].step(sent[s]), t, slice(0, self.N), a.rollout)
+                obs[s], ended = observe_step(a.value_of, envs[s].step(sent[s]), t, slice(0, self.N), a.rollout)
                 episodes[s].append(ended)
         for a in self.seeds:  # step by step, in order, as the envs returned them (PPO.collect)
             if a.ret_rms is not None:
                 done = a.rollout.terminated_np | a.rollout.truncated_np
                 for t in range(T):
-                    a.rollout.rewards_np[t] = a._scale_rewards(a.rollout.rewards_np[t], done[t])
+                    a.rollout.rewards_np[t] = a.scale_rewards(a.rollout.rewards_np[t], done[t])
         last = self.model(self._observations(obs))[1]
         # Bootstrap from the next step's value except where the episode was truncated (PPO.collect).
         following = torch.cat([r["values"][:, 1:], last.unsqueeze(1)], dim=1)
