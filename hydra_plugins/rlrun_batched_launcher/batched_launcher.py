@@ -50,7 +50,12 @@ class BatchedLauncher(Launcher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         returns: dict[int, JobReturn] = {}
         for batch in batches(jobs, self.max_batch):
-            log.info("Training %d seed%s in one process: %s", len(batch), "s" if len(batch) > 1 else "", ", ".join(f"#{i}" for i, _ in batch))
+            log.info(
+                "Training %d seed%s in one process: %s",
+                len(batch),
+                "s" if len(batch) > 1 else "",
+                ", ".join(f"#{i}" for i, _ in batch),
+            )
             for idx, overrides in batch:
                 log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             made = [self._make_job(configs[idx]) for idx, _ in batch]

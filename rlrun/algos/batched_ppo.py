@@ -14,19 +14,21 @@ stopped seed's weights and moments as they are (a zeroed gradient would not: Ada
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlrun.algos.finite import require_finite
+from rlrun.algos.parts import MakeOptimizer
 from rlrun.algos.ppo import PPO, STATS
 from rlrun.algos.protocol import episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import observe_step
 from rlrun.config.batched import LAUNCHER, SUPPORTED
-from rlrun.envs.protocol import VectorEnv
+from rlrun.envs.protocol import Episodes, VectorEnv
 from rlrun.models import ActorCritic
 from rlrun.models import distributions as D
 from rlrun.models.encoders import ACTIVATIONS, TwinMLP
@@ -45,8 +47,9 @@ def unbatchable(algo: object) -> str | None:
 
 
 # How a seed's own parameter maps onto its slice of a stacked one: (the stacked parameter's name, the seed's parameter
-# in its ActorCritic, the view of a tensor of that parameter's shape laid out as the slice).
-Layout = tuple[str, Callable[[ActorCritic], Tensor], Callable[[Tensor], Tensor]]
+# in its ActorCritic (nn.Module.get_parameter's path), the view of a tensor of that parameter's shape laid out as the
+# slice).
+Layout = tuple[str, str, Callable[[Tensor], Tensor]]
 
 
 def _transposed(t: Tensor) -> Tensor:
@@ -59,6 +62,11 @@ def _row(t: Tensor) -> Tensor:
 
 def _same(t: Tensor) -> Tensor:
     return t
+
+
+def _grad(p: Tensor) -> Tensor:
+    assert p.grad is not None, "a step before a backward"
+    return p.grad
 
 
 class BatchedActorCritic(nn.Module):
@@ -74,54 +82,59 @@ class BatchedActorCritic(nn.Module):
         self.hidden = first.trunk.out_dim
         self.depth = len(first.trunk.weights)
         self.layouts: list[Layout] = [
-            ("first_w", lambda m: m.trunk.first.weight, _transposed),  # [S, in, 2h]: actor and critic columns
-            ("first_b", lambda m: m.trunk.first.bias, _row),
-            *[(f"hidden_w{i}", lambda m, i=i: m.trunk.weights[i], _same) for i in range(self.depth)],  # [S, 2, h, h]
-            *[(f"hidden_b{i}", lambda m, i=i: m.trunk.biases[i], _same) for i in range(self.depth)],  # [S, 2, 1, h]
-            ("policy_w", lambda m: m.policy_head.weight, _transposed),  # [S, h, P]
-            ("policy_b", lambda m: m.policy_head.bias, _row),
-            ("value_w", lambda m: m.value_head.weight, _transposed),  # [S, h, 1]
-            ("value_b", lambda m: m.value_head.bias, _row),
+            ("first_w", "trunk.first.weight", _transposed),  # [S, in, 2h]: actor and critic columns
+            ("first_b", "trunk.first.bias", _row),
+            *[(f"hidden_w{i}", f"trunk.weights.{i}", _same) for i in range(self.depth)],  # [S, 2, h, h]
+            *[(f"hidden_b{i}", f"trunk.biases.{i}", _same) for i in range(self.depth)],  # [S, 2, 1, h]
+            ("policy_w", "policy_head.weight", _transposed),  # [S, h, P]
+            ("policy_b", "policy_head.bias", _row),
+            ("value_w", "value_head.weight", _transposed),  # [S, h, 1]
+            ("value_b", "value_head.bias", _row),
         ]
         if self.kind == "gaussian":
-            self.layouts.append(("log_std", lambda m: m.log_std, _row))  # [S, 1, D]
-        for name, own, view in self.layouts:
-            self.register_parameter(name, nn.Parameter(torch.stack([view(own(m).detach()) for m in models])))
+            self.layouts.append(("log_std", "log_std", _row))  # [S, 1, D]
+        for name, path, view in self.layouts:
+            self.register_parameter(
+                name, nn.Parameter(torch.stack([view(m.get_parameter(path).detach()) for m in models]))
+            )
         self.read_from(models)
 
     def seed_parameters(self) -> list[nn.Parameter]:
         """The stacked parameters [S, ...], in the order of `layouts`."""
-        return [getattr(self, name) for name, _, _ in self.layouts]
+        return [self.get_parameter(name) for name, _, _ in self.layouts]
+
+    def _stacked(self, name: str) -> Tensor:
+        return self.get_parameter(name)
 
     @torch.no_grad()
     def read_from(self, models: list[ActorCritic]) -> None:
         """Take the seeds' own networks' weights (at the start, and after a checkpoint was loaded into them)."""
-        for name, own, view in self.layouts:
-            stacked = getattr(self, name)
+        for name, path, view in self.layouts:
+            stacked = self.get_parameter(name)
             for s, m in enumerate(models):
-                stacked[s].copy_(view(own(m)))
+                stacked[s].copy_(view(m.get_parameter(path)))
 
     @torch.no_grad()
     def write_to(self, models: list[ActorCritic]) -> None:
         """Give each seed's own network its slice (what checkpoints, evaluation and play use)."""
-        for name, own, view in self.layouts:
-            stacked = getattr(self, name)
+        for name, path, view in self.layouts:
+            stacked = self.get_parameter(name)
             for s, m in enumerate(models):
-                view(own(m)).copy_(stacked[s])
+                view(m.get_parameter(path)).copy_(stacked[s])
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """(policy output [S, B, P], value [S, B]) for observations [S, B, ...], as ActorCritic.forward per seed."""
         S, B, h = obs.shape[0], obs.shape[1], self.hidden
-        x = torch.baddbmm(self.first_b, obs.flatten(2).float(), self.first_w)  # [S, B, 2h]
+        x = torch.baddbmm(self._stacked("first_b"), obs.flatten(2).float(), self._stacked("first_w"))  # [S, B, 2h]
         x = self.activation(x).view(S, B, 2, h).transpose(1, 2).reshape(2 * S, B, h)  # [2S, B, h]: actor, critic
         for i in range(self.depth):
-            w, b = getattr(self, f"hidden_w{i}"), getattr(self, f"hidden_b{i}")
+            w, b = self._stacked(f"hidden_w{i}"), self._stacked(f"hidden_b{i}")
             x = self.activation(torch.baddbmm(b.flatten(0, 1), x, w.flatten(0, 1)))
         x = x.view(S, 2, B, h)
-        out = torch.baddbmm(self.policy_b, x[:, 0], self.policy_w)
+        out = torch.baddbmm(self._stacked("policy_b"), x[:, 0], self._stacked("policy_w"))
         if self.mask_size:  # illegal actions' logits at -1e9, as ActorCritic._masked
             out = out.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
-        return out, torch.baddbmm(self.value_b, x[:, 1], self.value_w).squeeze(-1)
+        return out, torch.baddbmm(self._stacked("value_b"), x[:, 1], self._stacked("value_w")).squeeze(-1)
 
     def act(self, obs: Tensor, generators: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor]:
         """(actions [S, B] or [S, B, D], log-probs [S, B], values [S, B]); seed s's noise comes from generators[s],
@@ -135,8 +148,8 @@ class BatchedActorCritic(nn.Module):
             action = D.categorical_sample(log_p, noise.to(out.device))
             return action, D.categorical_log_prob(log_p, action), value
         noise = torch.stack([torch.randn(B, P, generator=g) for g in generators]).to(out.device)
-        action = D.gaussian_sample(out, self.log_std, noise)
-        return action, D.gaussian_log_prob(out, self.log_std, action), value
+        action = D.gaussian_sample(out, self._stacked("log_std"), noise)
+        return action, D.gaussian_log_prob(out, self._stacked("log_std"), action), value
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-prob, entropy, value), each [S, B], of actions [S, B, ...]."""
@@ -144,7 +157,11 @@ class BatchedActorCritic(nn.Module):
         if self.kind == "categorical":
             log_p = torch.log_softmax(out, -1)
             return D.categorical_log_prob(log_p, actions), D.categorical_entropy(log_p), value
-        return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std), value
+        return (
+            D.gaussian_log_prob(out, self._stacked("log_std"), actions),
+            D.gaussian_entropy(out, self._stacked("log_std")),
+            value,
+        )
 
 
 def _per_seed(x: Tensor, S: int) -> tuple[int, ...]:
@@ -152,14 +169,14 @@ def _per_seed(x: Tensor, S: int) -> tuple[int, ...]:
     return (S, *([1] * (x.dim() - 1)))
 
 
-def clip_grad_norm_per_seed(params: list[Tensor], max_norm: float) -> Tensor:
+def clip_grad_norm_per_seed(params: Sequence[Tensor], max_norm: float) -> Tensor:
     """nn.utils.clip_grad_norm_ for each seed alone, on parameters [S, ...] whose slices s make up seed s's
     parameters; returns each seed's gradient norm before clipping [S]."""
     S = params[0].shape[0]
-    norms = torch.stack([p.grad.reshape(S, -1).square().sum(1) for p in params]).sum(0).sqrt()
+    norms = torch.stack([_grad(p).reshape(S, -1).square().sum(1) for p in params]).sum(0).sqrt()
     scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)  # torch's clip_coef, clamped as it clamps it
     for p in params:
-        p.grad.mul_(scale.view(_per_seed(p, S)))
+        _grad(p).mul_(scale.view(_per_seed(p, S)))
     return norms
 
 
@@ -189,8 +206,9 @@ class SeedAdam:
         everyone = bool(active.all())
         for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
             shape = _per_seed(p, self.S)
-            new_m = m.lerp(p.grad, 1 - b1)
-            new_v = v.mul(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            g = _grad(p)
+            new_m = m.lerp(g, 1 - b1)
+            new_v = v.mul(b2).addcmul_(g, g, value=1 - b2)
             denom = (new_v.sqrt() / bias2_sqrt.view(shape)).add_(self.eps)
             new_p = p - step_size.view(shape) * new_m / denom
             if not everyone:  # a stopped seed keeps all it had
@@ -208,16 +226,16 @@ class SeedOptimizer:
     seed's checkpoint is a single run's and a single run's checkpoint loads into the batch. It takes no steps."""
 
     def __init__(
-        self, adam: SeedAdam, seed: int, layouts: list[Layout], model: ActorCritic, params: list[nn.Parameter]
+        self, adam: SeedAdam, seed: int, layouts: list[Layout], model: nn.Module, params: list[nn.Parameter]
     ) -> None:
         self.adam, self.seed = adam, seed
-        own = [getter(model) for _, getter, _ in layouts]
+        own = [model.get_parameter(path) for _, path, _ in layouts]
         # For each of the seed's parameters, in its order: its stacked parameter's index and its slice's layout.
         self.slots = [(j, layouts[j][2]) for p in params for j, q in enumerate(own) if q is p]
         self.params = params
         self.param_groups = [{"lr": adam.lr}]
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         a, s = self.adam, self.seed
         group = {"lr": a.lr, "betas": a.betas, "eps": a.eps, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
         group |= {"foreach": None, "capturable": False, "differentiable": False, "fused": None}
@@ -232,7 +250,7 @@ class SeedOptimizer:
                 state[i] = {"step": torch.tensor(float(a.steps[s])), "exp_avg": m, "exp_avg_sq": v}
         return {"state": state, "param_groups": [group]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         a, s = self.adam, self.seed
         saved = state["state"]
         a.steps[s] = float(saved[0]["step"]) if saved else 0.0
@@ -255,12 +273,14 @@ class BatchedPPO:
         self.seeds, self.generators = seeds, generators
         self.cfg = seeds[0].cfg
         self.S, self.N, self.device = len(seeds), seeds[0].num_envs, seeds[0].device
-        self.model = BatchedActorCritic([a.model for a in seeds])
+        self.model = BatchedActorCritic(self._networks())
         self.optimizer = SeedAdam(self.model.seed_parameters(), self.cfg.lr, self.cfg.adam_eps)
         for s, a in enumerate(seeds):  # PPO's declared optimizer part: each seed's becomes its share of SeedAdam
             if "optimizer" in vars(a):
                 raise ValueError("a seed's optimizer was built before the batch: its state would be left behind")
-            a.parts.make_optimizer = functools.partial(SeedOptimizer, self.optimizer, s, self.model.layouts, a.model)
+            # PPO asks of its optimizer only what SeedOptimizer has (state_dict, load_state_dict, param_groups).
+            share = functools.partial(SeedOptimizer, self.optimizer, s, self.model.layouts, a.model)
+            a.parts.make_optimizer = cast(MakeOptimizer, share)
         self.rollout = self._share_rollouts()
         self.load_seeds()
 
@@ -277,25 +297,30 @@ class BatchedPPO:
             r.rewards_np, r.terminated_np, r.truncated_np = r.rewards.numpy(), r.terminated.numpy(), r.truncated.numpy()
         return stacked
 
+    def _networks(self) -> list[ActorCritic]:
+        """The seeds' own networks (ActorCritics: unbatchable checked it)."""
+        return [cast(ActorCritic, a.model) for a in self.seeds]
+
     def load_seeds(self) -> None:
         """Take the seeds' networks' weights (at the start, and after each loaded a checkpoint; their optimizer
         states load straight into SeedAdam, through SeedOptimizer)."""
-        self.model.read_from([a.model for a in self.seeds])
+        self.model.read_from(self._networks())
 
     def write_seeds(self) -> None:
         """Give each seed's network its weights (its optimizer state is SeedAdam's, read through SeedOptimizer)."""
-        self.model.write_to([a.model for a in self.seeds])
+        self.model.write_to(self._networks())
 
     @torch.inference_mode()
-    def collect(self, envs: list[VectorEnv]) -> list[dict]:
+    def collect(self, envs: list[VectorEnv]) -> list[dict[str, Any]]:
         """One rollout of num_steps x num_envs for every seed, seed s on envs[s]; each seed's collect result (what
         PPO.collect returns)."""
         T, S, r = self.cfg.num_steps, self.S, self.rollout
         self.model.eval()
         for a in self.seeds:
             a.model.eval()
-        obs = [a.next_obs for a in self.seeds]
-        episodes: list[list] = [[] for _ in range(S)]
+        obs = [a.next_obs for a in self.seeds if a.next_obs is not None]
+        assert len(obs) == S, "collect before start"
+        episodes: list[list[Episodes]] = [[] for _ in range(S)]
         for t in range(T):
             x = self._observations(obs, update_stats=True)
             action, log_prob, value = self.model.act(x, self.generators)
@@ -334,7 +359,10 @@ class BatchedPPO:
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
         self.optimizer.lr = lr
         # GAE is elementwise per env: the seeds' envs side by side, [T, S * N].
-        seeds_side_by_side = lambda x: x.transpose(0, 1).flatten(1).to(self.device)  # noqa: E731
+
+        def seeds_side_by_side(x: Tensor) -> Tensor:  # [S, T, N] -> [T, S * N]
+            return x.transpose(0, 1).flatten(1).to(self.device)
+
         done = seeds_side_by_side(r["terminated"] | r["truncated"])
         advantages, returns = compute_gae(
             seeds_side_by_side(r["rewards"]),
@@ -345,7 +373,10 @@ class BatchedPPO:
             c.gamma,
             c.gae_lambda,
         )
-        per_seed = lambda x: x.view(x.shape[0], S, self.N).transpose(0, 1)  # noqa: E731  [T, S*N] -> [S, T, N]
+
+        def per_seed(x: Tensor) -> Tensor:  # [T, S * N] -> [S, T, N]
+            return x.view(x.shape[0], S, self.N).transpose(0, 1)
+
         batch = {
             "obs": r["obs"],
             "actions": r["actions"],
@@ -374,7 +405,7 @@ class BatchedPPO:
                 minibatch = {k: v[:, j * size : (j + 1) * size] for k, v in shuffled.items()}
                 loss, stats = self._losses(minibatch)
                 self.optimizer.zero_grad()
-                loss.sum().backward()
+                torch.autograd.backward(loss.sum())
                 norms = clip_grad_norm_per_seed(self.optimizer.params, c.max_grad_norm)
                 require_finite(norms[active].sum(), "the PPO gradient norm")
                 self.optimizer.step(active)
@@ -387,9 +418,9 @@ class BatchedPPO:
         self.write_seeds()
         out = []
         for s in range(S):
-            stats = dict(zip(STATS, (totals[s] / counts[s]).tolist()))
+            means = dict(zip(STATS, (totals[s] / counts[s]).tolist()))
             ev = explained_variance(r["values"][s].flatten(), batch["returns"][s].flatten())
-            out.append(stats | {"learning_rate": lr, "explained_variance": ev, "epochs": float(epochs[s])})
+            out.append(means | {"learning_rate": lr, "explained_variance": ev, "epochs": float(epochs[s])})
         return out
 
     def _losses(self, mb: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

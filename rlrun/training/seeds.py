@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from rlrun.algos.batched_ppo import BatchedPPO, unbatchable
+from rlrun.algos.ppo import PPO
 from rlrun.config.batched import LAUNCHER, SUPPORTED, batch_refusal
 from rlrun.errors import UserError
 from rlrun.train import Loop, require_finite_stats
@@ -85,7 +86,7 @@ def train_seeds(runs: list[Run]) -> list[dict[str, Any]]:
                     raise UserError(f"{LAUNCHER} trains {SUPPORTED}; not {reason}")
                 seeds.append(replace(parts, accelerations=[f"{len(runs)} seeds batched"]))
                 generators.append(torch.Generator().set_state(torch.get_rng_state()))
-        batch = BatchedPPO([parts.algo for parts in seeds], generators)
+        batch = BatchedPPO([cast(PPO, parts.algo) for parts in seeds], generators)  # unbatchable checked it
         loops = []
         for run, parts, generator in zip(runs, seeds, generators):
             with _seed(run, generator):  # a resume restores the seed's stream into the global generator
