@@ -4,7 +4,8 @@ all S. Read it next to rlrun/algos/ppo.py, the single-seed reference: each step 
 
 Each seed is as if alone. Its single-run PPO object (built as its single run builds it: same initialization, same
 RNG stream) stays the seed's state for checkpoints, evaluation and play; the stacked weights hold the same numbers
-laid out for speed, read from those objects at the start and written back after every update. Nothing crosses
+laid out for speed, read from those objects at the start and written back after every update, and the seed's
+optimizer is its share of the stacked Adam, seen in torch.optim.Adam's format (SeedOptimizer). Nothing crosses
 seeds: random draws come from each seed's own torch.Generator (its single run's draws from torch's global one, in
 the same order), advantages are normalized per seed, the loss is the sum of per-seed means (so each seed's gradient
 is its own), gradients are clipped by each seed's own norm (one norm over the stack would couple them), and a seed
@@ -74,18 +75,26 @@ class BatchedActorCritic(nn.Module):
     (policy output [S, B, P], value [S, B]). Every parameter is [S, ...], seed s's slice being seed s's own network;
     Linear weights are stored transposed, [S, in, out], for baddbmm."""
 
+    first_w: nn.Parameter
+    first_b: nn.Parameter
+    policy_w: nn.Parameter
+    policy_b: nn.Parameter
+    value_w: nn.Parameter
+    value_b: nn.Parameter
+    log_std: nn.Parameter  # Box actions only
+
     def __init__(self, models: list[ActorCritic]) -> None:
         super().__init__()
         first = models[0]
         self.S, self.kind, self.mask_size = len(models), first.kind, first.mask_size
         self.activation = ACTIVATIONS["relu" if first.trunk.relu else "tanh"]()
         self.hidden = first.trunk.out_dim
-        self.depth = len(first.trunk.weights)
+        depth = len(first.trunk.weights)
         self.layouts: list[Layout] = [
             ("first_w", "trunk.first.weight", _transposed),  # [S, in, 2h]: actor and critic columns
             ("first_b", "trunk.first.bias", _row),
-            *[(f"hidden_w{i}", f"trunk.weights.{i}", _same) for i in range(self.depth)],  # [S, 2, h, h]
-            *[(f"hidden_b{i}", f"trunk.biases.{i}", _same) for i in range(self.depth)],  # [S, 2, 1, h]
+            *[(f"hidden_w.{i}", f"trunk.weights.{i}", _same) for i in range(depth)],  # [S, 2, h, h]
+            *[(f"hidden_b.{i}", f"trunk.biases.{i}", _same) for i in range(depth)],  # [S, 2, 1, h]
             ("policy_w", "policy_head.weight", _transposed),  # [S, h, P]
             ("policy_b", "policy_head.bias", _row),
             ("value_w", "value_head.weight", _transposed),  # [S, h, 1]
@@ -93,18 +102,18 @@ class BatchedActorCritic(nn.Module):
         ]
         if self.kind == "gaussian":
             self.layouts.append(("log_std", "log_std", _row))  # [S, 1, D]
-        for name, path, view in self.layouts:
-            self.register_parameter(
-                name, nn.Parameter(torch.stack([view(m.get_parameter(path).detach()) for m in models]))
-            )
-        self.read_from(models)
+        stacked = {
+            name: nn.Parameter(torch.stack([view(m.get_parameter(path).detach()) for m in models]))
+            for name, path, view in self.layouts
+        }
+        self.hidden_w = nn.ParameterList(stacked.pop(f"hidden_w.{i}") for i in range(depth))
+        self.hidden_b = nn.ParameterList(stacked.pop(f"hidden_b.{i}") for i in range(depth))
+        for name, parameter in stacked.items():
+            self.register_parameter(name, parameter)
 
     def seed_parameters(self) -> list[nn.Parameter]:
         """The stacked parameters [S, ...], in the order of `layouts`."""
         return [self.get_parameter(name) for name, _, _ in self.layouts]
-
-    def _stacked(self, name: str) -> Tensor:
-        return self.get_parameter(name)
 
     @torch.no_grad()
     def read_from(self, models: list[ActorCritic]) -> None:
@@ -125,16 +134,15 @@ class BatchedActorCritic(nn.Module):
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """(policy output [S, B, P], value [S, B]) for observations [S, B, ...], as ActorCritic.forward per seed."""
         S, B, h = obs.shape[0], obs.shape[1], self.hidden
-        x = torch.baddbmm(self._stacked("first_b"), obs.flatten(2).float(), self._stacked("first_w"))  # [S, B, 2h]
+        x = torch.baddbmm(self.first_b, obs.flatten(2).float(), self.first_w)  # [S, B, 2h]
         x = self.activation(x).view(S, B, 2, h).transpose(1, 2).reshape(2 * S, B, h)  # [2S, B, h]: actor, critic
-        for i in range(self.depth):
-            w, b = self._stacked(f"hidden_w{i}"), self._stacked(f"hidden_b{i}")
+        for w, b in zip(self.hidden_w, self.hidden_b):
             x = self.activation(torch.baddbmm(b.flatten(0, 1), x, w.flatten(0, 1)))
         x = x.view(S, 2, B, h)
-        out = torch.baddbmm(self._stacked("policy_b"), x[:, 0], self._stacked("policy_w"))
+        out = torch.baddbmm(self.policy_b, x[:, 0], self.policy_w)
         if self.mask_size:  # illegal actions' logits at -1e9, as ActorCritic._masked
             out = out.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
-        return out, torch.baddbmm(self._stacked("value_b"), x[:, 1], self._stacked("value_w")).squeeze(-1)
+        return out, torch.baddbmm(self.value_b, x[:, 1], self.value_w).squeeze(-1)
 
     def act(self, obs: Tensor, generators: list[torch.Generator]) -> tuple[Tensor, Tensor, Tensor]:
         """(actions [S, B] or [S, B, D], log-probs [S, B], values [S, B]); seed s's noise comes from generators[s],
@@ -148,8 +156,8 @@ class BatchedActorCritic(nn.Module):
             action = D.categorical_sample(log_p, noise.to(out.device))
             return action, D.categorical_log_prob(log_p, action), value
         noise = torch.stack([torch.randn(B, P, generator=g) for g in generators]).to(out.device)
-        action = D.gaussian_sample(out, self._stacked("log_std"), noise)
-        return action, D.gaussian_log_prob(out, self._stacked("log_std"), action), value
+        action = D.gaussian_sample(out, self.log_std, noise)
+        return action, D.gaussian_log_prob(out, self.log_std, action), value
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(log-prob, entropy, value), each [S, B], of actions [S, B, ...]."""
@@ -158,8 +166,8 @@ class BatchedActorCritic(nn.Module):
             log_p = torch.log_softmax(out, -1)
             return D.categorical_log_prob(log_p, actions), D.categorical_entropy(log_p), value
         return (
-            D.gaussian_log_prob(out, self._stacked("log_std"), actions),
-            D.gaussian_entropy(out, self._stacked("log_std")),
+            D.gaussian_log_prob(out, self.log_std, actions),
+            D.gaussian_entropy(out, self.log_std),
             value,
         )
 
