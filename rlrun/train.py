@@ -20,7 +20,7 @@ from rlrun.errors import Fault, NonFiniteError
 from rlrun.run_folder import newest_line, resume_line
 from rlrun.training.parts import LocalParts, Parts, Run, build_parts, close_parts, configure_torch, open_parts
 from rlrun.training.resume import Checkpoints, Recovery, resume
-from rlrun.training.run_log import Clock, Ending, RunLog, eval_metrics, log_end, log_interval, summary
+from rlrun.training.run_log import Clock, Ending, Evaluations, RunLog, eval_metrics, log_end, log_interval, summary
 from rlrun.training.signals import StopNow
 
 
@@ -65,7 +65,9 @@ class Loop:
     """The training loop over the parts, every rank alike: the iterations, then the final checkpoint, evaluation
     and summary. Starting it resets the envs and restores a checkpoint when the run resumes."""
 
-    def __init__(self, run: Run, parts: Parts) -> None:
+    def __init__(self, run: Run, parts: Parts, evaluations: Evaluations | None = None) -> None:
+        """`evaluations`: what the clock leaves out of training's seconds (by default this run's evaluations; in a
+        batch of seeds, every seed's)."""
         cfg, ctx, algo = run.cfg, run.ctx, parts.algo
         self.run, self.parts = run, parts
         self.per_iteration = algo.steps_per_collect * ctx.world_size  # fewer when a straggler is preempted
@@ -88,7 +90,7 @@ class Loop:
         parts.logger.info(
             "accelerations: %s", ", ".join(parts.accelerations) or "none (algo.fast=false, or none applies)"
         )
-        self.clock = Clock(self.at.env_steps, parts.evaluator)
+        self.clock = Clock(self.at.env_steps, evaluations or parts.evaluator)
         self.checkpoints = Checkpoints(run, parts, self.run_log, self.progress, self.clock, self.per_iteration)
         self.recovery = Recovery(run, parts, self.at, self.checkpoints.run_state)
         self.eval_returns: np.ndarray | None = None  # the last evaluation's

@@ -19,6 +19,7 @@ from rlrun.algos.batched_ppo import BatchedPPO, unbatchable
 from rlrun.algos.ppo import PPO
 from rlrun.config.batched import LAUNCHER, SUPPORTED, batch_refusal
 from rlrun.errors import UserError
+from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.train import Loop, require_finite_stats
 from rlrun.training.parts import LocalParts, Run, build_parts, close_parts, configure_torch, open_parts
 from rlrun.training.signals import StopSignal
@@ -39,6 +40,18 @@ class SeedLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         current = working_for.get()
         return current is None or current == self.run_dir
+
+
+class _AllEvaluations:
+    """The seconds every seed of the batch has spent evaluating: each seed's clock leaves out all of them, since the
+    seeds' training waits while any one evaluates."""
+
+    def __init__(self, evaluators: list[Evaluator | NullEvaluator]) -> None:
+        self.evaluators = evaluators
+
+    @property
+    def seconds(self) -> float:
+        return sum(e.seconds for e in self.evaluators)
 
 
 class _SharedStop(StopSignal):
@@ -87,10 +100,10 @@ def train_seeds(runs: list[Run]) -> list[dict[str, Any]]:
                 seeds.append(replace(parts, accelerations=[f"{len(runs)} seeds batched"]))
                 generators.append(torch.Generator().set_state(torch.get_rng_state()))
         batch = BatchedPPO([cast(PPO, parts.algo) for parts in seeds], generators)  # unbatchable checked it
-        loops = []
+        loops, evaluations = [], _AllEvaluations([parts.evaluator for parts in seeds])
         for run, parts, generator in zip(runs, seeds, generators):
             with _seed(run, generator):  # a resume restores the seed's stream into the global generator
-                loops.append(Loop(run, parts))
+                loops.append(Loop(run, parts, evaluations))
         batch.load_seeds()
         return _train(loops, batch, generators)
     finally:
