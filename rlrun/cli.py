@@ -188,13 +188,17 @@ class SeedJob:
 def seed_job(cfg: DictConfig) -> SeedJob:
     """The batched launcher's task for each job of a batch, inside Hydra's job (its folder, .hydra/ and train.log
     made): the job's config, checked, and its folder held until train_seed_jobs lets it go."""
-    from rlrun.run_folder import hold
+    from rlrun.run_folder import hold, release
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     with user_errors():
         hold(run_dir)
-        typed, config_yaml, state = _job_config(cfg, hc, list(hc.overrides.task), run_dir)
+        try:
+            typed, config_yaml, state = _job_config(cfg, hc, list(hc.overrides.task), run_dir)
+        except BaseException:
+            release(run_dir)
+            raise
     return SeedJob(typed, config_yaml, state, tuple(hc.overrides.task), run_dir)
 
 

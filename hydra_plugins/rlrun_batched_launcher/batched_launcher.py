@@ -58,13 +58,9 @@ class BatchedLauncher(Launcher):
             )
             for idx, overrides in batch:
                 log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            made = [self._make_job(configs[idx]) for idx, _ in batch]
-            ready = [r for r in made if r.status == JobStatus.COMPLETED]
-            for r in made:
-                if r.status != JobStatus.COMPLETED:
-                    raise r.return_value  # a job's config failed its checks: the sweep stops, as a single job's would
-            _route_logs([r.return_value.run_dir for r in ready])
-            values = train_seed_jobs([r.return_value for r in ready])
+            made = self._make_jobs([configs[idx] for idx, _ in batch])
+            _route_logs([r.return_value.run_dir for r in made])
+            values = train_seed_jobs([r.return_value for r in made])
             for (idx, _), r, value in zip(batch, made, values):
                 r.return_value = value
                 returns[idx] = r
@@ -78,6 +74,24 @@ class BatchedLauncher(Launcher):
             config.hydra.job.id = idx
             config.hydra.job.num = idx
         return config
+
+    def _make_jobs(self, configs: list[DictConfig]) -> list[JobReturn]:
+        """The batch's jobs made (_make_job), their folders held; on a failure, those made are let go and the sweep
+        stops, as it does when a single job's config fails its checks."""
+        from rlrun.run_folder import release
+
+        made: list[JobReturn] = []
+        try:
+            for config in configs:
+                job = self._make_job(config)
+                if job.status != JobStatus.COMPLETED:
+                    raise job.return_value
+                made.append(job)
+        except BaseException:
+            for job in made:
+                release(job.return_value.run_dir)
+            raise
+        return made
 
     def _make_job(self, config: DictConfig) -> JobReturn:
         """The job's folder, .hydra/ and train.log, as Hydra's basic launcher makes them; its return value is the
