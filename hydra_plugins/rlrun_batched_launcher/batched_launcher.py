@@ -110,7 +110,8 @@ class BatchedLauncher(Launcher):
 
 def _route_logs(run_dirs: list[Path]) -> None:
     """Each seed's log lines into its own folder's log file (Hydra's job logging opened the last job's only), the
-    batch's own lines into all of them; the console shows the batch's and the first seed's."""
+    batch's own lines into all of them; the console shows the batch's, the first seed's and every seed's warnings
+    and errors."""
     from rlrun.training.seeds import SeedLogFilter
 
     root = logging.getLogger()
@@ -119,7 +120,7 @@ def _route_logs(run_dirs: list[Path]) -> None:
         root.removeHandler(h)
         h.close()
     for h in root.handlers:
-        h.addFilter(SeedLogFilter(run_dirs[0]))
+        h.addFilter(SeedLogFilter(run_dirs[0], every_seed_from=logging.WARNING))
     if not files:  # job logging without a file (hydra/job_logging=disabled)
         return
     name = Path(files[0].baseFilename).name

@@ -30,16 +30,19 @@ working_for: ContextVar[Path | None] = ContextVar("working_for", default=None)
 
 
 class SeedLogFilter(logging.Filter):
-    """Passes the lines of the seed whose run folder is `run_dir`, and the batch's own (on a seed's train.log; on the
-    console, with the first seed's folder, what the console follows)."""
+    """Passes the lines of the seed whose run folder is `run_dir`, the batch's own, and with `every_seed_from` (a
+    level) every seed's lines at that level or above: a seed's train.log gets its own lines; the console follows the
+    first seed and shows every seed's warnings and errors."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, every_seed_from: int | None = None) -> None:
         super().__init__()
-        self.run_dir = run_dir
+        self.run_dir, self.every_seed_from = run_dir, every_seed_from
 
     def filter(self, record: logging.LogRecord) -> bool:
         current = working_for.get()
-        return current is None or current == self.run_dir
+        if current is None or current == self.run_dir:
+            return True
+        return self.every_seed_from is not None and record.levelno >= self.every_seed_from
 
 
 class _AllEvaluations:
