@@ -49,8 +49,8 @@ gpu-check: $(STAMP)
 	$(PY) bench/gpu_check.py
 
 lint: typecheck
-	$(VENV)/bin/ruff check rlrun tests bench
-	$(VENV)/bin/ruff format --check rlrun tests bench
+	$(VENV)/bin/ruff check rlrun tests bench hydra_plugins
+	$(VENV)/bin/ruff format --check rlrun tests bench hydra_plugins
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -11,14 +11,14 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rlrun.config import CONF_DIR, PlayConfig, validate_play
+from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, validate_play
 from rlrun.errors import Fault, Interrupted, NonFiniteError, NothingToDo, UserError
 
 COMMANDS = {
@@ -66,13 +66,13 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
     return None if message is None else (message, 1)
 
 
-def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
+def _job_config(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> tuple[TrainConfig, str, dict | None]:
+    """A job's typed config (presets applied, checked), its YAML text (what checkpoints carry) and the checkpoint
+    it resumes from (loaded), or None."""
     from rlrun.compose.preflight import job_threads, replay_checkpoint, train_config
     from rlrun.compose.presets import job_presets
     from rlrun.compose.store import to_yaml
-    from rlrun.distributed import from_env, launched_externally, requeue_count, under_slurm
-    from rlrun.launch import launch, setup_rank_logging
-    from rlrun.train import train
+    from rlrun.distributed import requeue_count, under_slurm
 
     hydra_dir = run_dir / hc.output_subdir if hc.output_subdir else None
     cfg, presets = job_presets(cfg, hc.runtime.choices, overrides, hydra_dir)
@@ -82,7 +82,15 @@ def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict
     resumable = under_slurm() or typed.distributed.max_restarts > 0 or cfg.resume == "auto"
     typed = replay_checkpoint(typed, resumable)
     typed = job_threads(typed, OmegaConf.select(hc.launcher, "n_jobs", default=None))
-    config_yaml = to_yaml(replace(typed, resume=None))
+    return typed, to_yaml(replace(typed, resume=None)), state
+
+
+def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
+    from rlrun.distributed import from_env, launched_externally
+    from rlrun.launch import launch, setup_rank_logging
+    from rlrun.train import train
+
+    typed, config_yaml, state = _job_config(cfg, hc, overrides, run_dir)
     d = typed.distributed
     external = launched_externally()
     if d.nproc_per_node * d.nnodes > 1 and not external:
@@ -164,6 +172,68 @@ def train_app(cfg: DictConfig) -> float | None:
             os.kill(os.getpid(), summary["signal"])
         sys.exit(128 + summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
+
+
+@dataclass(frozen=True)
+class SeedJob:
+    """A job of a batch of seeds (hydra/launcher=batched), its folder made and held: what its training needs."""
+
+    cfg: TrainConfig
+    config_yaml: str
+    resume_state: dict | None
+    overrides: tuple[str, ...]
+    run_dir: Path
+
+
+def seed_job(cfg: DictConfig) -> SeedJob:
+    """The batched launcher's task for each job of a batch, inside Hydra's job (its folder, .hydra/ and train.log
+    made): the job's config, checked, and its folder held until train_seed_jobs lets it go."""
+    from rlrun.run_folder import hold, release
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    with user_errors():
+        hold(run_dir)
+        try:
+            typed, config_yaml, state = _job_config(cfg, hc, list(hc.overrides.task), run_dir)
+        except BaseException:
+            release(run_dir)
+            raise
+    return SeedJob(typed, config_yaml, state, tuple(hc.overrides.task), run_dir)
+
+
+def train_seed_jobs(jobs: list[SeedJob]) -> list[float]:
+    """Train a batch's seeds side by side in this process (rlrun/seeds.py); each one's final eval return, as
+    train_app returns a job's. A user mistake ends the sweep with one line; a failure marks every seed's folder
+    failed and lets the sweep go on (nan)."""
+    from rlrun.distributed import from_env
+    from rlrun.run_folder import release
+    from rlrun.seeds import train_seeds
+    from rlrun.training.parts import Run
+
+    try:
+        runs = [Run(j.cfg, j.run_dir, from_env(j.cfg.device), j.config_yaml, j.resume_state, j.overrides) for j in jobs]
+        with user_errors():
+            summaries = train_seeds(runs)
+    except Exception as e:
+        known = _known_error(e)
+        message = known[0] if known else f"{type(e).__name__}: {e}"
+        logging.getLogger("rlrun").error("batch of %d seeds failed: %s", len(jobs), message)
+        for job in jobs:
+            summary = job.run_dir / "summary.json"
+            if not summary.exists():
+                with contextlib.suppress(OSError):
+                    summary.write_text(
+                        json.dumps({"status": "failed", "error": message, "overrides": list(job.overrides)}, indent=2)
+                    )
+        return [float("nan")] * len(jobs)
+    finally:
+        for job in jobs:
+            release(job.run_dir)
+    interrupted = [s for s in summaries if s["status"] == "interrupted"]
+    if interrupted:  # every seed checkpointed; the sweep stops here, as a single job's does
+        sys.exit(128 + interrupted[0]["signal"])
+    return [s["eval_return_mean"] for s in summaries]
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="play")

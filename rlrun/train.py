@@ -20,7 +20,7 @@ from rlrun.errors import Fault, NonFiniteError
 from rlrun.run_folder import newest_line, resume_line
 from rlrun.training.parts import LocalParts, Parts, Run, build_parts, close_parts, configure_torch, open_parts
 from rlrun.training.resume import Checkpoints, Recovery, resume
-from rlrun.training.run_log import Clock, Ending, RunLog, eval_metrics, log_end, log_interval, summary
+from rlrun.training.run_log import Clock, Ending, Evaluations, RunLog, eval_metrics, log_end, log_interval, summary
 from rlrun.training.signals import StopNow
 
 
@@ -65,7 +65,9 @@ class Loop:
     """The training loop over the parts, every rank alike: the iterations, then the final checkpoint, evaluation
     and summary. Starting it resets the envs and restores a checkpoint when the run resumes."""
 
-    def __init__(self, run: Run, parts: Parts) -> None:
+    def __init__(self, run: Run, parts: Parts, evaluations: Evaluations | None = None) -> None:
+        """`evaluations`: what the clock leaves out of training's seconds (by default this run's evaluations; in a
+        batch of seeds, every seed's)."""
         cfg, ctx, algo = run.cfg, run.ctx, parts.algo
         self.run, self.parts = run, parts
         self.per_iteration = algo.steps_per_collect * ctx.world_size  # fewer when a straggler is preempted
@@ -88,7 +90,7 @@ class Loop:
         parts.logger.info(
             "accelerations: %s", ", ".join(parts.accelerations) or "none (algo.fast=false, or none applies)"
         )
-        self.clock = Clock(self.at.env_steps, parts.evaluator)
+        self.clock = Clock(self.at.env_steps, evaluations or parts.evaluator)
         self.checkpoints = Checkpoints(run, parts, self.run_log, self.progress, self.clock, self.per_iteration)
         self.recovery = Recovery(run, parts, self.at, self.checkpoints.run_state)
         self.eval_returns: np.ndarray | None = None  # the last evaluation's
@@ -96,11 +98,24 @@ class Loop:
     def train(self) -> dict[str, Any]:
         """Train to the end or a stop; returns the summary."""
         self.parts.record.start_training()
+        with self._recovering():
+            stopped = self._iterations()
+        return self.finish(stopped)
+
+    @contextlib.contextmanager
+    def _recovering(self) -> Iterator[None]:
+        """A failure inside leaves the recovery checkpoint, when one is due."""
         try:
-            end, final_metrics = self._finish(self._iterations())
+            yield
         except Exception as e:
             self.recovery.leave(e, self.at)
             raise
+
+    def finish(self, stopped: int | None) -> dict[str, Any]:
+        """The final checkpoint, evaluation and summary of a run that ended (`stopped`: the signal it stopped for);
+        returns the summary."""
+        with self._recovering():
+            end, final_metrics = self._finish(stopped)
         self.parts.logger.log(end.env_steps, final_metrics)
         done = summary(self.run, self.parts, self.run_log, end)
         log_end(self.parts.logger, done, self.run.run_dir, end)
@@ -109,18 +124,25 @@ class Loop:
 
     def _iterations(self) -> int | None:
         """Iterations until the final step, or a stop all ranks agree on; returns the signal the run stops for."""
+        while self.at.env_steps < self.final_steps:
+            stopped = self.iteration_done(*self._collect_and_update())
+            if stopped is not None:
+                return stopped
+        return None
+
+    def iteration_done(self, collected: dict[str, Any], stats: dict[str, float]) -> int | None:
+        """What follows an iteration's collect and update (`collected`, `stats`: what they returned): the gather,
+        the log, a checkpoint when one is due; returns the signal the run stops for, or None to go on."""
         at, stop, every = self.at, self.parts.stop, self.run.cfg.checkpoint.every_steps
-        while at.env_steps < self.final_steps:
-            collected, stats = self._collect_and_update()
-            gathered = self.run_log.gather(stop.requested(), collected, stats)
-            before = at.env_steps
-            at.env_steps, at.iteration = before + gathered.env_steps, at.iteration + 1
-            last = at.env_steps >= self.final_steps
-            self._log(before, last)
-            if crossed(before, at.env_steps, every) and not last:
-                self._save()
-            if gathered.stop and not last:  # all ranks stop at the same iteration, or none does
-                return int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
+        gathered = self.run_log.gather(stop.requested(), collected, stats)
+        before = at.env_steps
+        at.env_steps, at.iteration = before + gathered.env_steps, at.iteration + 1
+        last = at.env_steps >= self.final_steps
+        self._log(before, last)
+        if crossed(before, at.env_steps, every) and not last:
+            self._save()
+        if gathered.stop and not last:  # all ranks stop at the same iteration, or none does
+            return int(stop.signum or signal.SIGTERM)  # a rank without the signal stops as if SIGTERM
         return None
 
     def _collect_and_update(self) -> tuple[dict[str, Any], dict[str, float]]:

@@ -193,7 +193,7 @@ class PPO:
             self.obs_rms.update(x)
         return self.obs_rms.normalize(x, self.cfg.clip_obs)
 
-    def _scale_rewards(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def scale_rewards(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Divide one step's rewards [N] by the running std of the discounted return (as SB3's VecNormalize)."""
         ret = self.discounted_return * self.cfg.gamma + rewards
         self.ret_rms.update(torch.as_tensor(ret))
@@ -214,7 +214,7 @@ class PPO:
         action, log_prob, value, self.state[envs] = self.model.act(x, self.state[envs], self.starts[envs])
         return action, log_prob, value
 
-    def _value_of(self, obs: np.ndarray, envs: np.ndarray | slice, starts: Tensor | None = None) -> Tensor:
+    def value_of(self, obs: np.ndarray, envs: np.ndarray | slice, starts: Tensor | None = None) -> Tensor:
         """V of raw observations of the envs `envs`. A recurrent model steps on from each one's current state
         (reset where `starts`; by default not: a final observation continues its episode), without keeping it."""
         x = self.preprocess(obs)
@@ -236,7 +236,7 @@ class PPO:
         def act(obs: np.ndarray, t: int, envs: slice) -> np.ndarray:
             return act_step(self._act, self.preprocess(obs, update_stats=True), t, envs, out).cpu().numpy()
 
-        next_obs, episodes, steps = step_groups(envs, obs, self.cfg.num_steps, act, self._value_of, out, cut)
+        next_obs, episodes, steps = step_groups(envs, obs, self.cfg.num_steps, act, self.value_of, out, cut)
         for rows in acted.values():
             rows.flush()
         return next_obs, episodes, steps
@@ -266,12 +266,12 @@ class PPO:
         if self.ret_rms is not None:  # step by step, in order, as the envs returned them
             done = r.terminated_np | r.truncated_np
             for t in range(n):
-                r.rewards_np[t] = self._scale_rewards(r.rewards_np[t], done[t])
+                r.rewards_np[t] = self.scale_rewards(r.rewards_np[t], done[t])
         if self.recurrent:  # whether next_obs starts an episode
             self.starts.copy_(torch.as_tensor(r.terminated_np[n - 1] | r.truncated_np[n - 1]))
-            last_value = self._value_of(self.next_obs, slice(None), self.starts)
+            last_value = self.value_of(self.next_obs, slice(None), self.starts)
         else:
-            last_value = self._value_of(self.next_obs, slice(None))
+            last_value = self.value_of(self.next_obs, slice(None))
         # Bootstrap from the next step's value except where the episode was truncated (set by observe_step). A
         # rollout cut short ends as any rollout does: at the value of the observation it stopped at.
         following = torch.cat([r.values[1:n], last_value.unsqueeze(0)])

@@ -28,6 +28,7 @@ from rlrun.compose.hydra_compat import (
 from rlrun.compose.presets import preset_override
 from rlrun.compose.store import GROUPS, from_yaml
 from rlrun.config import CONF_DIR, TrainConfig, check, validate_play, validate_train
+from rlrun.config.batched import LAUNCHER, batch_refusal
 from rlrun.errors import NothingToDo, UserError
 
 log = logging.getLogger("rlrun")
@@ -250,11 +251,15 @@ def preflight(command: str, args: list[str]) -> list[str]:
             args = [exact[overrides.index(a)] if a in overrides else a for a in args]
             overrides, combos = exact, _combinations(exact)
         presets = set()
+        batched = LAUNCHER in overrides
         for combo in combos:
             typed, preset = _composed(command, combo)
             presets.add(preset)
             if command == "train":
                 _preflight_train(typed, runs)
+                refused = batch_refusal(typed) if batched else None
+                if refused is not None:
+                    raise UserError(refused)
             else:
                 validate_play(typed)
                 if runs:  # a bad checkpoint or device ends here, before Hydra makes the play's run folder

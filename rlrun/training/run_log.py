@@ -8,13 +8,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from rlrun.distributed import RankContext, parameter_digest, requeue_count, restart_count
-from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import resume_line
 from rlrun.training.parts import Parts, Run
@@ -41,10 +40,17 @@ class Episodes:
     length_sum: int = 0
 
 
+class Evaluations(Protocol):
+    """What took time that is not training's: `seconds` spent evaluating (an Evaluator's, or a batch of seeds')."""
+
+    @property
+    def seconds(self) -> float: ...
+
+
 class Clock:
     """Training's own seconds since the loop started, evaluations left out (SPS counts them alone)."""
 
-    def __init__(self, start_steps: int, evaluator: Evaluator | NullEvaluator) -> None:
+    def __init__(self, start_steps: int, evaluator: Evaluations) -> None:
         self.start, self.start_steps, self.evaluator = time.perf_counter(), start_steps, evaluator
 
     def seconds(self) -> float:
