@@ -136,8 +136,9 @@ def test_taxi_learns_on_its_presets_and_plays(algo, tmp_path):
     """Taxi-v4 (`env=taxi`: Discrete(500) observations, one-hot) with DQN and PPO on their presets (measured here):
     a policy that delivers evaluates above 0 (the best about 8); one that never delivers scores -200, random play
     about -770. Seed 1's eval return (10 episodes) by env step, and the wall time here (2 cores shared by 3 jobs):
-    DQN (100k steps, 750 s): -373 at 10k, -96 at 20k, 7.6 from 30k to 100k; PPO (600k steps, 140 to 240 s): -200 at
-    100k, -54.5 at 200k, 7.6 from 300k to 600k (seed 2: -200, -13.8, then 6.9 from 300k)."""
+    DQN (100k steps, 650 to 750 s): -373 at 10k, -96 at 20k, 7.6 from 30k to 100k (seed 2: -200, -76, then 6.9);
+    PPO (600k steps, 140 to 240 s): -200 at 100k, -54.5 at 200k, 7.6 from 300k to 600k (seed 2: -200, -13.8, then
+    6.9 from 300k)."""
     run = tmp_path / algo
     out = rlrun("train", f"algo={algo}", "env=taxi", "seed=1", f"hydra.run.dir={run}", cwd=tmp_path, timeout=1700)
     assert out.returncode == 0, out.stderr[-2000:]
