@@ -109,7 +109,7 @@ def play_and_record(run: Path, folder: Path) -> float:
     (asserted written)."""
     out = rlrun("play", f"checkpoint={run}", "episodes=3", f"hydra.run.dir={folder / 'play'}", cwd=folder)
     assert out.returncode == 0, out.stderr
-    mean = float(re.search(r"mean\s*│\s*([\d.]+)", out.stdout).group(1))
+    mean = float(re.search(r"mean\s*│\s*(-?[\d.]+)", out.stdout).group(1))
     video = ["episodes=1", "video=true", f"hydra.run.dir={folder / 'video'}"]
     out = rlrun("play", f"checkpoint={run}", *video, cwd=folder)
     assert out.returncode == 0, out.stderr

@@ -27,6 +27,8 @@ PRESETS = [
     (["env.id=LunarLander-v3"], "~tuned"),  # not CartPole's preset on another env
     (["algo=dqn", "env.id=Acrobot-v1"], "~tuned"),
     (["env=lunarlander"], None),  # rl-zoo3's LunarLander PPO
+    (["algo=dqn", "env=taxi"], None),  # measured on Taxi-v4
+    (["algo=dqn", "env=taxi", "env.id=CliffWalking-v1"], "~tuned"),
     (["env=minigrid"], None),  # measured on MiniGrid-Empty-5x5's Dict observations
     (["env=minigrid", "env.id=MiniGrid-DoorKey-5x5-v0"], "~tuned"),
     (["algo=sac", "env.id=MountainCarContinuous-v0"], "tuned=sac_default"),  # SB3's defaults for any Box env
