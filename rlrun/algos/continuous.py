@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm
+from rlrun.algos.parts import Optimizer
 from rlrun.algos.protocol import EnvSpec
 from rlrun.envs import check_action_space
 from rlrun.models.continuous import TwinQ
@@ -71,7 +72,7 @@ class CriticLearner(nn.Module):
 
 def step_critics(
     learner: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     batch: tuple[Tensor, Tensor, Tensor, Tensor],
     name: str,
     batch_size: int,
@@ -86,14 +87,12 @@ def step_critics(
     return {"qf_loss": loss.detach(), "q_values": q.sum() / (2 * batch_size)}, td_abs
 
 
-def learner_state(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> dict:
+def learner_state(model: nn.Module, optimizers: dict[str, Optimizer]) -> dict:
     """The networks' and the optimizers' state, shared by every rank."""
     return {"model": model.state_dict()} | {f"{name}_optimizer": o.state_dict() for name, o in optimizers.items()}
 
 
-def load_learner_state(
-    algo: ReplayAlgorithm, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], state: dict
-) -> None:
+def load_learner_state(algo: ReplayAlgorithm, model: nn.Module, optimizers: dict[str, Optimizer], state: dict) -> None:
     model.load_state_dict(state["model"])
     for name, optimizer in optimizers.items():
         algo.load_optimizer(optimizer, state[f"{name}_optimizer"])

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from rlrun.algos.configs import DQNConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, OptimizerParts, adam
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions
 from rlrun.config import ModelConfig
 from rlrun.errors import UserError
@@ -89,7 +89,7 @@ class DQN(ReplayAlgorithm):
         self.epsilon = cfg.start_e
 
     @functools.cached_property
-    def optimizer(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> Optimizer:
         """The parts' optimizer over the trained parameters, built on first use."""
         return self.parts.make_optimizer(self.trained)
 

@@ -8,12 +8,14 @@ state of its networks and optimizers (`learner_state`). It knows nothing of rank
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
+from rlrun.algos.parts import Optimizer
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
 from rlrun.envs.protocol import VectorEnv
@@ -200,7 +202,7 @@ class ReplayAlgorithm:
             out["charts/beta"] = beta
         return out
 
-    def load_optimizer(self, optimizer, state: dict) -> None:
+    def load_optimizer(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         """An optimizer's saved state, at the configured rate (also when the resume changed it)."""
         optimizer.load_state_dict(state)
         for group in optimizer.param_groups:

@@ -21,7 +21,7 @@ from rlrun.algos.configs import SACConfig
 from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, OptimizerParts, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
 from rlrun.models import trainable
@@ -90,18 +90,18 @@ class SAC(ReplayAlgorithm):
 
     # Built on first use, as DQN's: an acceleration may put others in their place first.
     @functools.cached_property
-    def critic_optimizer(self) -> torch.optim.Optimizer:
+    def critic_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.critic))
 
     @functools.cached_property
-    def actor_optimizer(self) -> torch.optim.Optimizer:
+    def actor_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.actor))
 
     @functools.cached_property
-    def alpha_optimizer(self) -> torch.optim.Optimizer | None:
+    def alpha_optimizer(self) -> Optimizer | None:
         return self.parts.make_optimizer(self.temperature_trained()) if self.cfg.autotune else None
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Optimizer]:
         alpha = {"alpha": self.alpha_optimizer} if self.alpha_optimizer is not None else {}
         return {"critic": self.critic_optimizer, "actor": self.actor_optimizer} | alpha
 

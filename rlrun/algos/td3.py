@@ -20,7 +20,7 @@ from rlrun.algos.configs import TD3Config
 from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, OptimizerParts, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
 from rlrun.models import trainable
@@ -75,14 +75,14 @@ class TD3(ReplayAlgorithm):
 
     # Built on first use, as DQN's: an acceleration may put others in their place first.
     @functools.cached_property
-    def critic_optimizer(self) -> torch.optim.Optimizer:
+    def critic_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.critic))
 
     @functools.cached_property
-    def actor_optimizer(self) -> torch.optim.Optimizer:
+    def actor_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.actor))
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Optimizer]:
         return {"critic": self.critic_optimizer, "actor": self.actor_optimizer}
 
     def wrap_learner(self, wrap: Wrap) -> None:

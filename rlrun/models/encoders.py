@@ -4,7 +4,7 @@ encoder per key for Dict observations with image keys (a CNN per image, concaten
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
@@ -12,9 +12,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)  # what layer_init initializes, and returns as it was given
 
 
-def layer_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+def layer_init(layer: Layer, gain: float = math.sqrt(2), bias: float = 0.0) -> Layer:
     """Orthogonal weights and constant bias, as in the PPO implementation details (Huang et al. 2022)."""
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.constant_(layer.bias, bias)
