@@ -78,7 +78,14 @@ class SAC(ReplayAlgorithm):
 
     modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
 
-    def __init__(self, cfg: SACConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+    def __init__(
+        self,
+        cfg: SACConfig,
+        model_cfg: ModelConfig,
+        spec: EnvSpec,
+        device: torch.device,
+        reductions: Reductions | None = None,
+    ):
         self.bounds, obs_dtype, obs_dim = replay_layout(spec, cfg.name)
         super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.model = nets = SACNetworks(obs_dim, self.bounds.dim, model_cfg, cfg).to(device)
@@ -121,7 +128,8 @@ class SAC(ReplayAlgorithm):
         """The policy's actions in [-1, 1]^A: its mode, or a sample."""
         if deterministic:
             return self.model.actor.mode(obs)
-        return self.model.actor(obs, torch.randn(len(obs), self.bounds.dim, device=self.device))[0]
+        actions: Tensor = self.model.actor(obs, torch.randn(len(obs), self.bounds.dim, device=self.device))[0]
+        return actions
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +148,9 @@ class SAC(ReplayAlgorithm):
     def load_learner_state(self, state: dict[str, Any]) -> None:
         load_learner_state(self, self.model, self.optimizers(), state)
 
-    def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):
+    def learn(
+        self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None
+    ) -> tuple[dict[str, Tensor], Tensor]:
         """One SAC update on this rank's items. `noise` [1 + policy_frequency, n, A] is the standard-normal noise of
         the next actions and of each actor step (drawn here when not given)."""
         c, nets = self.cfg, self.model
