@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlrun.run_folder import writing
 
 if TYPE_CHECKING:  # annotations only: importing the schemas would bring omegaconf into every tracker's import
-    from rlrun.config import LoggingConfig, MlflowConfig, WandbConfig
+    from rlrun.config import LoggingConfig
 
 log = logging.getLogger("rlrun")
 
@@ -60,16 +60,16 @@ class Tracker(Protocol):
         """status: completed | interrupted | failed (summary.json's)."""
 
 
-def tracker(name: str, settings: WandbConfig | MlflowConfig) -> Tracker:
-    """The tracker `name` of logging.trackers, with its section (logging.wandb, logging.mlflow). Imported only here:
-    a run without trackers never imports their packages."""
+def tracker(name: str, c: LoggingConfig) -> Tracker:
+    """The tracker `name` of logging.trackers (`c`: logging), with its section (logging.wandb, logging.mlflow).
+    Imported only here: a run without trackers never imports their packages."""
     if name == "wandb":
         from rlrun.trackers.wandb_tracker import WandbTracker
 
-        return WandbTracker(settings)
+        return WandbTracker(c.wandb)
     from rlrun.trackers.mlflow_tracker import MlflowTracker
 
-    return MlflowTracker(settings)
+    return MlflowTracker(c.mlflow)
 
 
 def sweep_of(run_dir: Path) -> tuple[str | None, list[str]]:
@@ -216,5 +216,4 @@ def opener(
         branched_from=read_state(origin) if origin is not None else {},
     )
     config = yaml.safe_load(config_yaml)
-    settings: dict[str, WandbConfig | MlflowConfig] = {"wandb": c.wandb, "mlflow": c.mlflow}
-    return lambda logged_until: Trackers([tracker(n, settings[n]) for n in c.trackers], config, run, logged_until)
+    return lambda logged_until: Trackers([tracker(n, c) for n in c.trackers], config, run, logged_until)
