@@ -8,6 +8,7 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -25,7 +26,7 @@ class Checkpointer:
         self.directory = directory
         self.keep_last = keep_last
 
-    def save(self, state: dict, env_steps: int) -> Path:
+    def save(self, state: dict[str, Any], env_steps: int) -> Path:
         # A checkpoint is what a run continues from: never one that cannot train.
         if not all_finite(state.get("algo", state)):
             raise NonFiniteError(
@@ -38,7 +39,7 @@ class Checkpointer:
         return path
 
 
-def all_finite(state) -> bool:
+def all_finite(state: object) -> bool:
     """Whether every floating-point tensor in `state` (nested dicts and lists) is free of NaN and infinity."""
     if isinstance(state, torch.Tensor):
         return not state.is_floating_point() or bool(torch.isfinite(state).all())
@@ -49,7 +50,7 @@ def all_finite(state) -> bool:
     return True
 
 
-def _save_atomic(obj: dict, path: Path) -> None:
+def _save_atomic(obj: dict[str, Any], path: Path) -> None:
     """Write-then-rename: a crash mid-write leaves the previous checkpoints intact and no torn file. A failed write
     (a full disk) is a Fault naming `path`, and its partial file is removed."""
     tmp = path.with_suffix(".tmp")
@@ -78,12 +79,12 @@ def rng_devices(device: torch.device) -> list[torch.device]:
     return [device] if device.type == "cuda" else []
 
 
-def rng_state(device: torch.device) -> dict:
+def rng_state(device: torch.device) -> dict[str, Any]:
     """This rank's generator states: the CPU's, and its device's (a resumed GPU run must not replay its noise)."""
     return {"rng": torch.get_rng_state(), "device_rng": [torch.cuda.get_rng_state(d) for d in rng_devices(device)]}
 
 
-def set_rng_state(state: dict, device: torch.device) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["rng"])
     saved = state.get("device_rng", [])  # checkpoints of CPU runs have none; a CPU run ignores a GPU run's
     for d, s in zip(rng_devices(device), saved):
@@ -94,7 +95,7 @@ def _shard_path(directory: Path, env_steps: int, rank: int) -> Path:
     return directory / f"shard_{env_steps:012d}_rank{rank}.pt"
 
 
-def save_shard(directory: Path, env_steps: int, rank: int, state: dict, keep_last: int) -> None:
+def save_shard(directory: Path, env_steps: int, rank: int, state: dict[str, Any], keep_last: int) -> None:
     """A rank's own large state (its replay shard) beside the checkpoint of the same step; the rank keeps
     its last `keep_last`, as the main rank does for checkpoints."""
     _save_atomic(state, _shard_path(directory, env_steps, rank))
@@ -102,13 +103,13 @@ def save_shard(directory: Path, env_steps: int, rank: int, state: dict, keep_las
         old.unlink()
 
 
-def load_shard(checkpoint: Path, env_steps: int, rank: int) -> dict | None:
+def load_shard(checkpoint: Path, env_steps: int, rank: int) -> dict[str, Any] | None:
     """The shard `rank` saved beside `checkpoint` (saved at `env_steps`), or None if it saved none."""
     path = _shard_path(checkpoint.parent, env_steps, rank)
     return _load_data(path, "replay shard") if path.exists() else None
 
 
-def _load_data(path: Path, kind: str):
+def _load_data(path: Path, kind: str) -> Any:  # the plain data torch.load read
     """torch.load of plain data only; every way the file can be wrong becomes one UserError naming `kind`."""
     unreadable = f"{path} is not a readable {kind} (corrupt, truncated or not a checkpoint file)"
     # torch.save writes zip archives. Anything else torch.load reads as its legacy format, a raw pickle stream, whose
@@ -126,11 +127,11 @@ def _load_data(path: Path, kind: str):
 
 
 class NullCheckpointer:
-    def save(self, state: dict, env_steps: int) -> None:
+    def save(self, state: dict[str, Any], env_steps: int) -> None:
         return None
 
 
-def _upgrade_from_2(state: dict) -> None:
+def _upgrade_from_2(state: dict[str, Any]) -> None:
     """Format 2 kept Adam's moments as flat buffers over the model's parameters, in the model's state_dict order
     (the models keep no buffers); format 3 has torch.optim.Adam's per-parameter state. Its runs also meant two
     things the config now says otherwise: DQN trained with the Huber loss (algo.loss did not exist, and its
@@ -157,7 +158,7 @@ def _upgrade_from_2(state: dict) -> None:
     state["rlrun_format"] = 3
 
 
-def load_checkpoint(path: str | Path) -> dict:
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load and check an rlrun checkpoint. Plain data only: a file that would run code is refused."""
     p = resolve_checkpoint(path)
     state = _load_data(p, "checkpoint")

@@ -134,7 +134,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             return super().forward(x)
         dims = [0, *range(2, x.dim())]
         count = torch.full((1,), x.numel() / x.shape[1], device=x.device, dtype=x.dtype)
-        totals = _AllReduceSum.apply(torch.cat([x.sum(dims), x.square().sum(dims), count]))
+        totals: Tensor = _AllReduceSum.apply(torch.cat([x.sum(dims), x.square().sum(dims), count]))
         channels, n = x.shape[1], totals[-1]
         mean = totals[:channels] / n
         var = (totals[channels : 2 * channels] / n - mean.square()).clamp_min(0)  # biased, as BatchNorm normalizes
@@ -155,13 +155,13 @@ class _AllReduceSum(torch.autograd.Function):
     """The sum over ranks, differentiable: each rank's input gets the sum of all ranks' output gradients."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # ctx: autograd's context (unused)
         y = x.clone()
         dist.all_reduce(y)
         return y
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         grad = grad.clone()
         dist.all_reduce(grad)
         return grad

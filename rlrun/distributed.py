@@ -153,11 +153,11 @@ class RankContext:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def all_gather(self, obj: Any) -> list:
+    def all_gather(self, obj: Any) -> list[Any]:
         """`obj` from every rank, in rank order, on every rank (small picklable objects)."""
         if not self.distributed:
             return [obj]
-        out: list = [None] * self.world_size
+        out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj)
         return out
 

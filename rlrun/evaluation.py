@@ -54,10 +54,10 @@ def run_episodes(
         if on_step is not None:
             on_step(done, steps)
     ordered = []
-    for i in range(episodes):  # stopped early: the episodes before the first one not finished
-        if len(results[i % n]) <= i // n:
+    for k in range(episodes):  # stopped early: the episodes before the first one not finished
+        if len(results[k % n]) <= k // n:
             break
-        ordered.append(results[i % n][i // n])
+        ordered.append(results[k % n][k // n])
     return np.array([r for r, _ in ordered]), np.array([length for _, length in ordered], dtype=np.int64)
 
 

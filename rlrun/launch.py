@@ -11,6 +11,7 @@ import signal
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
@@ -22,7 +23,9 @@ from rlrun.distributed import is_peer_loss
 log = logging.getLogger("rlrun")
 
 
-def launch(cfg: TrainConfig, run_dir: Path, config_yaml: str, resume: str | None, overrides: list[str]) -> dict | None:
+def launch(
+    cfg: TrainConfig, run_dir: Path, config_yaml: str, resume: str | None, overrides: list[str]
+) -> dict[str, Any] | None:
     """Run cfg.distributed.nproc_per_node ranks on this node (of nnodes); returns rank 0's summary when
     rank 0 ran here. Raises ChildFailedError (see root_cause) when a rank fails."""
     import torch._dynamo  # noqa: F401  imported once here, so forked ranks do not each spend ~2 s on it
@@ -55,7 +58,8 @@ def launch(cfg: TrainConfig, run_dir: Path, config_yaml: str, resume: str | None
         results = elastic_launch(config, rank_main)(config_yaml, str(run_dir), resume, overrides)
     except SignalException as e:  # Ctrl-C or SIGTERM reached the agent: exit as the signal says
         sys.exit(128 + int(e.sigval))
-    return results.get(0)
+    summary: dict[str, Any] | None = results.get(0)  # rank_main's, by rank
+    return summary
 
 
 def failed_ranks(error: BaseException) -> str | None:
@@ -109,7 +113,7 @@ def setup_rank_logging(rank: int, run_dir: Path) -> None:
 
 
 @record
-def rank_main(config_yaml: str, run_dir: str, resume: str | None, overrides: list[str]) -> dict:
+def rank_main(config_yaml: str, run_dir: str, resume: str | None, overrides: list[str]) -> dict[str, Any]:
     """One rank, started by the elastic agent (fork or spawn): everything it needs comes in its arguments."""
     from rlrun.checkpoint import load_checkpoint
     from rlrun.distributed import from_env, restart_count

@@ -20,6 +20,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rlrun.run_folder import writing
 from rlrun.trackers import Trackers
 
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
 log = logging.getLogger("rlrun")
 
 # metrics.jsonl holds only what a seeded run reproduces exactly; wall-clock figures go to TensorBoard,
@@ -125,7 +128,7 @@ class RunLogger:
         if progress == "auto":
             progress = "rich" if sys.stdout.isatty() else "plain"
         self.mode = progress
-        self.bar = None
+        self.bar: Progress | None = None  # the progress bar (progress=rich)
         self.total_steps, self.every_seconds = total_steps, every_seconds
         self._last_line = time.monotonic()  # of the last console line without a bar
         self._eval: tuple[int, float] | None = None  # an evaluation under way: (its episodes, its start)
@@ -224,7 +227,7 @@ class RunLogger:
         failed = {"status": "failed", "error": error, "overrides": overrides}
         self.summary(failed | ({"resume": resume} if resume else {}))
 
-    def summary(self, summary: dict) -> None:
+    def summary(self, summary: dict[str, Any]) -> None:
         for writer in self.writers:
             writer.summary(summary)
         self._status = str(summary.get("status", "failed"))  # once summary.json holds it
@@ -281,10 +284,10 @@ class _DropOSError:
     """Calls `handle` (a handler's handleError, threading's excepthook) unless the error being handled is an OSError
     (in a thread of the class named `thread`, for the hook)."""
 
-    def __init__(self, handle, thread: str | None = None):
+    def __init__(self, handle: Callable[[Any], object], thread: str | None = None):
         self.handle, self.thread = handle, thread
 
-    def __call__(self, arg) -> None:
+    def __call__(self, arg: Any) -> None:  # a handler's record, or excepthook's ExceptHookArgs
         if self.thread is None:
             error, quiet = sys.exc_info()[1], True
         else:
@@ -293,15 +296,17 @@ class _DropOSError:
             self.handle(arg)
 
 
-def _write_hparams(writer, hparams: dict) -> None:
+def _write_hparams(writer: SummaryWriter, hparams: dict[str, Any]) -> None:
     """The run's hyperparameters, with HPARAMS_METRICS as its metrics, into the run's events file: HParams takes a
     metric's value from the last point of its scalar tag, so the final evaluation is the value it shows."""
     from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
     metrics = dict.fromkeys(HPARAMS_METRICS, 0.0)
     experiment, session_start, _session_end = hparams_summaries(hparams, metrics)  # type: ignore[no-untyped-call]
-    writer.file_writer.add_summary(experiment)
-    writer.file_writer.add_summary(session_start)
+    events = writer.file_writer
+    assert events is not None, "SummaryWriter opens its file writer when it is made"
+    events.add_summary(experiment)
+    events.add_summary(session_start)
 
 
 def _fmt(v: float) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -26,7 +28,7 @@ from rlrun.evaluation import run_episodes
 log = logging.getLogger("rlrun")
 
 
-def _video_env(thunk, folder: Path, episodes: int):
+def _video_env(thunk: Callable[[], gym.Env], folder: Path, episodes: int) -> Callable[[], gym.Env]:
     try:
         import moviepy  # noqa: F401
     except ImportError as e:
@@ -67,12 +69,12 @@ def play_env(cfg: PlayConfig, trained: EnvConfig) -> EnvConfig:
     return other
 
 
-def _space(space: gym.Space) -> str:
+def _space(space: gym.Space[Any]) -> str:
     """A space in a few words: a Box's shape and dtype (its bounds can be long), others as they print."""
     return f"Box{space.shape} {space.dtype}" if isinstance(space, gym.spaces.Box) else str(space)
 
 
-def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict, run_dir: Path) -> dict:
+def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """Run cfg.episodes episodes of the checkpointed agent; returns returns/lengths and prints a table (into the
     play folder's play.log too)."""
     torch.set_num_threads(1)
@@ -98,7 +100,7 @@ def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict, run_dir: Path) ->
     return {"returns": returns.tolist(), "lengths": lengths.tolist(), "mean": float(np.mean(returns))}
 
 
-def _table_text(env_id: str, state: dict, algo: str, returns: np.ndarray, lengths: np.ndarray) -> str:
+def _table_text(env_id: str, state: dict[str, Any], algo: str, returns: np.ndarray, lengths: np.ndarray) -> str:
     """The table of returns as text: logged, so it reaches the console and play.log alike."""
     table = Table(title=f"{env_id}: {state['env_steps']} env steps of {algo}", min_width=len(env_id) + 30)
     table.add_column("episode", justify="right")
@@ -109,6 +111,6 @@ def _table_text(env_id: str, state: dict, algo: str, returns: np.ndarray, length
     table.add_section()
     table.add_row("mean", f"{returns.mean():.2f}", f"{lengths.mean():.1f}")
     table.add_row("std", f"{returns.std():.2f}", f"{lengths.std():.1f}")
-    console = Console(file=io.StringIO(), width=80)
-    console.print(table)
-    return console.file.getvalue().rstrip("\n")
+    text = io.StringIO()
+    Console(file=text, width=80).print(table)
+    return text.getvalue().rstrip("\n")

@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -47,7 +48,7 @@ class Run:
     path: Path
     overrides: list[str]
     status: str  # completed | failed | interrupted | running (no summary yet)
-    summary: dict
+    summary: dict[str, Any]
     env_id: str
     algo: str
     curves: dict[str, tuple[np.ndarray, np.ndarray]]  # metric -> (env_steps [T], return [T])
@@ -85,7 +86,7 @@ class Group:
         values = [r.score(metric) for r in self.runs]
         return np.array([v for v in values if v is not None], dtype=float)
 
-    def row(self, metric: str) -> dict:
+    def row(self, metric: str) -> dict[str, Any]:
         """The group's line of its env's table: the statistics of its completed runs' final scores."""
         scores = self.scores(metric)
         done = [r.summary for r in self.runs if r.status == "completed"]
@@ -108,19 +109,19 @@ class Group:
         }
 
 
-def _mean(values: list) -> float:
+def _mean(values: list[float | None]) -> float:
     values = [v for v in values if v is not None]
     return float(np.mean(values)) if values else math.nan
 
 
-def _overrides(folder: Path, summary: dict) -> list[str]:
+def _overrides(folder: Path, summary: dict[str, Any]) -> list[str]:
     if summary.get("overrides") is not None:
         return list(summary["overrides"])
     saved = folder / ".hydra" / "overrides.yaml"
     return list(yaml.safe_load(saved.read_text()) or []) if saved.exists() else []
 
 
-def _env_and_algo(folder: Path, summary: dict) -> tuple[str, str]:
+def _env_and_algo(folder: Path, summary: dict[str, Any]) -> tuple[str, str]:
     """From summary.json, or for a run without one (running, or failed early) from its composed config."""
     if "env_id" in summary:
         return summary["env_id"], summary.get("algo", "?")
@@ -206,7 +207,7 @@ def _num(value: float, fmt: str = "{:.2f}") -> str:
     return "-" if math.isnan(value) else fmt.format(value)
 
 
-def _iqm_cell(row: dict) -> str:
+def _iqm_cell(row: dict[str, Any]) -> str:
     if row["scored"] == 1:
         return f"{row['iqm']:.2f} (1 run: no CI)"
     if 1 < row["scored"] < MIN_RUNS:
@@ -221,7 +222,7 @@ def _too_few(n: int) -> str:
 COLUMNS = ("group", "runs", "failed", "IQM [95% CI]", "mean", "median", "best", "steps", "wall s", "SPS")
 
 
-def _cells(row: dict) -> list[str]:
+def _cells(row: dict[str, Any]) -> list[str]:
     return [
         row["group"],
         str(row["runs"]),
@@ -246,7 +247,7 @@ class Comparison:
     poi: float  # P(A > B)
     poi_low: float
     poi_high: float
-    per_env: list[dict]  # IQMs, their difference with its CI, P(A > B) there
+    per_env: list[dict[str, Any]]  # IQMs, their difference with its CI, P(A > B) there
 
 
 def _iqm_difference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -308,7 +309,7 @@ def _side(name: str, groups: list[Group], metric: str) -> dict[str, np.ndarray]:
 COMPARE_COLUMNS = ("env", "runs A", "runs B", "IQM A", "IQM B", "IQM A - B [95% CI]", "P(A > B)")
 
 
-def _compare_cells(row: dict) -> list[str]:
+def _compare_cells(row: dict[str, Any]) -> list[str]:
     diff = f"{row['diff']:+.2f} [{row['diff_low']:+.2f}, {row['diff_high']:+.2f}]"
     return [
         row["env"],
@@ -341,7 +342,7 @@ def _compare_warning(c: Comparison) -> str | None:
     )
 
 
-def _pyplot():
+def _pyplot() -> Any:  # matplotlib.pyplot (untyped)
     try:
         import matplotlib
     except ImportError as e:
@@ -352,12 +353,12 @@ def _pyplot():
     return plt
 
 
-def curves_figure(groups: list[Group], metric: str, x: str = "steps"):
+def curves_figure(groups: list[Group], metric: str, x: str = "steps") -> Any:  # a matplotlib Figure, or None
     """One panel per env: per group, the IQM over seeds of the learning curves (each run interpolated on a common
     x grid) with a 95% bootstrap band; a marker with its interval where runs logged one point. The legend of each
     panel sits below it. None when no run has a curve to draw. A group's curve is made of its completed runs, or
     of its running ones while none has completed."""
-    panels: dict[str, list[tuple[Group, list]]] = {}
+    panels: dict[str, list[tuple[Group, list[tuple[np.ndarray, np.ndarray]]]]] = {}
     for g in groups:
         done = [c for r in g.runs if r.status == "completed" and (c := r.curve(metric, x)) is not None]
         curves = done or [c for r in g.runs if r.status == "running" and (c := r.curve(metric, x)) is not None]
@@ -415,7 +416,7 @@ def _legend_n(n: int) -> str:
     return f"n={n}" if n >= MIN_RUNS or n == 1 else _too_few(n)
 
 
-def profile_figure(c: Comparison):
+def profile_figure(c: Comparison) -> Any:  # a matplotlib Figure
     """Performance profiles of A and B over their common envs: the fraction of runs whose score, min-max
     normalized per env over A's and B's runs there, is above tau, with a 95% stratified bootstrap band."""
     plt = _pyplot()
@@ -438,7 +439,7 @@ def profile_figure(c: Comparison):
     return fig
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig: Any, path: Path) -> Path:  # fig: a matplotlib Figure
     import matplotlib.pyplot as plt
 
     fig.savefig(path, dpi=120, bbox_inches="tight")  # "tight": the legends outside the axes stay in the file
@@ -450,7 +451,7 @@ def write_markdown(
     path: Path,
     roots: Sequence[Path],
     groups: list[Group],
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     metric: str,
     comparison: Comparison | None,
     plots: dict[str, Path],
@@ -500,7 +501,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _print_tables(console: Console, groups: list[Group], rows: list[dict], metric: str) -> None:
+def _print_tables(console: Console, groups: list[Group], rows: list[dict[str, Any]], metric: str) -> None:
     for env_id in dict.fromkeys(g.env_id for g in groups):
         members = [g for g in groups if g.env_id == env_id]
         shared = shared_overrides(groups, env_id)
@@ -536,7 +537,7 @@ def report(
     x: str = "steps",
     compare_with: tuple[str, str] | None = None,
     out: Path | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Print the tables (and the comparison), write report.md and the plots into `out` (by default the folder
     when one is given, else the current folder); returns the table rows, env by env, best first."""
     if metric not in METRICS or x not in X_AXES:

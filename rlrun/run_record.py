@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,7 +21,10 @@ NOT_IDENTITY = ("resume=", "total_steps=", "hydra.")
 class RunRecord:
     """The sessions before this one (each up to the checkpoint the next one resumed from), and this one's."""
 
-    def __init__(self, overrides: list[str], resume_state: dict | None):
+    before: list[dict[str, Any]]
+    episodes_before: int | None  # None: not known (a checkpoint from before run records)
+
+    def __init__(self, overrides: list[str], resume_state: dict[str, Any] | None):
         self.start_time = time.perf_counter()
         self.started = False  # whether this session has started training (a resume that fails before: no record)
         mine = [o for o in overrides if not o.startswith("resume=")]
@@ -42,7 +46,7 @@ class RunRecord:
     def start_training(self) -> None:
         self.started = True
 
-    def _current(self, env_steps: int, train_seconds: float, episodes: int | None) -> dict:
+    def _current(self, env_steps: int, train_seconds: float, episodes: int | None) -> dict[str, Any]:
         steps = env_steps - self.start_steps
         return {
             **self.session,
@@ -54,12 +58,12 @@ class RunRecord:
             "episodes": None if episodes is None or self.episodes_before is None else episodes - self.episodes_before,
         }
 
-    def checkpoint(self, env_steps: int, train_seconds: float, episodes: int) -> dict:
+    def checkpoint(self, env_steps: int, train_seconds: float, episodes: int) -> dict[str, Any]:
         """What a checkpoint at `env_steps` carries: the record with this session up to there."""
         now = self._current(env_steps, train_seconds, episodes)
         return {"overrides": self.original, "sessions": [*self.before, now], "episodes": episodes}
 
-    def summary(self, env_steps: int, train_seconds: float, episodes: int, ended: str) -> dict:
+    def summary(self, env_steps: int, train_seconds: float, episodes: int, ended: str) -> dict[str, Any]:
         """The run's figures over all its sessions, for summary.json."""
         sessions = [*self.before, self._current(env_steps, train_seconds, episodes) | {"ended": ended}]
         trained = sum(s["end_steps"] - s["start_steps"] for s in sessions)
@@ -91,7 +95,7 @@ def _folder_overrides(folder: Path | None) -> list[str]:
     return identity(list(yaml.safe_load(saved.read_text()) or [])) if saved.exists() else []
 
 
-def _summary(folder: Path | None) -> dict:
+def _summary(folder: Path | None) -> dict[str, Any]:
     try:
         summary = json.loads((folder / "summary.json").read_text()) if folder is not None else {}
     except (OSError, ValueError):

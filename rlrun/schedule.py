@@ -5,7 +5,9 @@ almost 0: continuing from the value its next update would have used, exactly 0, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import yaml
 
@@ -28,11 +30,11 @@ class Progress:
         span = self.total_steps - self.anchor_steps
         return round(self.anchor_steps + (progress - self.anchor_progress) / (1.0 - self.anchor_progress) * span)
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def resumed_progress(state: dict | None, total_steps: int, steps_per_iteration: int) -> tuple[Progress, bool]:
+def resumed_progress(state: dict[str, Any] | None, total_steps: int, steps_per_iteration: int) -> tuple[Progress, bool]:
     """The progress a run trains with, and whether a resume changed its budget (so its schedules were re-anchored
     at the progress of the checkpoint's last update, one iteration before it). A checkpoint from before schedules
     were saved ran on env_steps / its config's total_steps."""
@@ -46,7 +48,9 @@ def resumed_progress(state: dict | None, total_steps: int, steps_per_iteration: 
     return Progress(total_steps, steps, before(max(0, steps - steps_per_iteration))), True
 
 
-def continuation_lines(annealed: list, progress: Progress, env_steps: int) -> list[str]:
+def continuation_lines(
+    annealed: list[tuple[str, Callable[[float], float], float]], progress: Progress, env_steps: int
+) -> list[str]:
     """One line per annealed quantity of a resumed run whose budget changed: where it continues from, where it
     goes. `annealed`: (name, value at a progress, the progress at which it reaches its end) per quantity."""
     now = progress(env_steps)

@@ -17,7 +17,8 @@ def interquartile_mean(values: np.ndarray, axis: int = -1) -> np.ndarray | float
     if n == 0:
         return float("nan")
     cut = n // 4
-    return np.take(v, np.arange(cut, n - cut), axis=axis).mean(axis=axis)
+    mean: np.ndarray = np.take(v, np.arange(cut, n - cut), axis=axis).mean(axis=axis)
+    return mean
 
 
 def bootstrap_ci(
@@ -43,21 +44,24 @@ def mann_whitney(x: np.ndarray, y: np.ndarray) -> np.ndarray | float:
     """P(X > Y) + P(X = Y) / 2 over all pairs of a run of x and a run of y: the Mann-Whitney U statistic over
     n * m. x [..., n], y [..., m] (leading axes are batched, as a bootstrap's)."""
     xs, ys = np.asarray(x)[..., :, None], np.asarray(y)[..., None, :]
-    return (xs > ys).mean(axis=(-2, -1)) + 0.5 * (xs == ys).mean(axis=(-2, -1))
+    u: np.ndarray = (xs > ys).mean(axis=(-2, -1)) + 0.5 * (xs == ys).mean(axis=(-2, -1))
+    return u
 
 
 def probability_of_improvement(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> np.ndarray | float:
     """P(X > Y), the probability that a run of X scores above a run of Y on a random env of the set (Agarwal et
     al. 2021, section 4.3): the mean over envs of the Mann-Whitney statistic. xs[e], ys[e]: the scores of X and Y on
     env e, [..., n_e] and [..., m_e]."""
-    return np.mean([mann_whitney(x, y) for x, y in zip(xs, ys, strict=True)], axis=0)
+    p: np.ndarray | float = np.mean([mann_whitney(x, y) for x, y in zip(xs, ys, strict=True)], axis=0)
+    return p
 
 
 def performance_profile(scores: Sequence[np.ndarray], taus: np.ndarray) -> np.ndarray:
     """Fraction of runs whose (normalized) score is above each tau, each env weighing the same (Agarwal et al.
     2021, section 4.2; equal to rliable's fraction over all runs when every env has as many runs). scores[e]:
     [..., n_e]; returns [..., len(taus)]."""
-    return np.mean([(np.asarray(s)[..., :, None] > taus).mean(axis=-2) for s in scores], axis=0)
+    fractions: np.ndarray = np.mean([(np.asarray(s)[..., :, None] > taus).mean(axis=-2) for s in scores], axis=0)
+    return fractions
 
 
 def min_max_normalize(scores: np.ndarray, low: float, high: float) -> np.ndarray:

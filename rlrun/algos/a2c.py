@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,7 +88,8 @@ class A2CUnroll(nn.Module):
         """V of raw observations [k, ...] (the final observations of truncated episodes, the one after the unroll):
         a target, without gradient, in eval mode (some ranks only compute these: no collective may run)."""
         with eval_mode(self.model):
-            return self.model.value(self.preprocess(obs))
+            value: Tensor = self.model.value(self.preprocess(obs))
+            return value
 
     def forward(self, envs: VectorEnv, obs: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray, list[Episodes]]:
         outs, values, actions, next_obs, episodes = self.run(envs, obs)
@@ -111,7 +113,7 @@ class A2CUnroll(nn.Module):
         def act(obs: np.ndarray, t: int, envs: slice) -> np.ndarray:
             policy_out, value = self.policy(self.preprocess(obs))
             with torch.no_grad():
-                action = self.model.sample(policy_out)[0]
+                action: Tensor = self.model.sample(policy_out)[0]
             outs[t, envs], values[t, envs], actions[t, envs] = policy_out, value, action
             return action.cpu().numpy()
 
@@ -144,7 +146,7 @@ class RMSpropTF(torch.optim.Optimizer):
     """RMSprop as TensorFlow 1 computes it, which the A2C papers' Atari results and rl-zoo's Atari presets use: the
     mean square starts at 1 (torch: 0, which makes the first steps large) and epsilon sits inside the square root."""
 
-    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-5):
+    def __init__(self, params: list[nn.Parameter], lr: float, alpha: float = 0.99, eps: float = 1e-5):
         super().__init__(params, {"lr": lr, "alpha": alpha, "eps": eps})
 
     @torch.no_grad()
@@ -181,7 +183,14 @@ class A2C:
     """collect() runs the (DDP-wrapped) unroll, which builds the loss; update() takes its one gradient step. The
     graph lives from one to the other. Knows nothing of ranks: statistics go through `reductions.mean_all`."""
 
-    def __init__(self, cfg: A2CConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+    def __init__(
+        self,
+        cfg: A2CConfig,
+        model_cfg: ModelConfig,
+        spec: EnvSpec,
+        device: torch.device,
+        reductions: Reductions | None = None,
+    ):
         obs_space = spec.observation_space
         self.cfg, self.device, self.num_envs = cfg, device, spec.num_envs
         self.mean_all = (reductions or Reductions()).mean_all
@@ -214,7 +223,7 @@ class A2C:
     def start(self, obs: np.ndarray) -> None:
         self.next_obs = obs
 
-    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict:
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, Any]:
         """One unroll of num_steps x num_envs transitions, keeping its loss (and graph) for update()."""
         self.model.train()
         self.loss, self.stats, self.next_obs, episodes = self.parts.learner(envs, self.next_obs)
@@ -246,23 +255,23 @@ class A2C:
         x = torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
         return self.model.act(x, deterministic)[0].cpu().numpy()
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """What every rank shares: the network and the optimizer."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 
-    def rank_state(self) -> dict:
+    def rank_state(self) -> dict[str, Any]:
         """What is this rank's own: the observations its envs are at."""
         return {"next_obs": torch.from_numpy(np.array(self.next_obs))}
 
-    def load_rank_state(self, state: dict) -> None:
+    def load_rank_state(self, state: dict[str, Any]) -> None:
         self.next_obs = state["next_obs"].numpy().copy()
 
     def shard_state(self) -> None:
         return None
 
-    def load_shard_state(self, state: dict) -> None:
+    def load_shard_state(self, state: dict[str, Any]) -> None:
         raise ValueError("A2C keeps no replay shard")

@@ -210,7 +210,7 @@ class A2CConfig:
         )
 
 
-def check_replay_algorithm(cfg, run: TrainConfig) -> list[str]:
+def check_replay_algorithm(cfg: DQNConfig | ContinuousControlConfig, run: TrainConfig) -> list[str]:
     """The consistency checks DQN, SAC and TD3 share (cfg has DQNConfig's or ContinuousControlConfig's fields),
     against the whole run's config; UserError with one line. Returns the warnings for the run's log."""
     world_size = run.distributed.nproc_per_node * run.distributed.nnodes
@@ -231,7 +231,7 @@ def check_replay_algorithm(cfg, run: TrainConfig) -> list[str]:
     return [f"{message} (algo.allow_no_updates=true)"] if message else []
 
 
-def no_updates(cfg, run: TrainConfig) -> str | None:
+def no_updates(cfg: DQNConfig | ContinuousControlConfig, run: TrainConfig) -> str | None:
     """Why a replay-based run would end before its first update (None if it updates), counted as the algorithm
     counts: updates start once the replays of all ranks hold learning_starts transitions together, and a rank's
     replay holds a transition once its n-step window is written (n_step vector steps after it)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm
+from rlrun.algos.parts import Optimizer
 from rlrun.algos.protocol import EnvSpec
 from rlrun.envs import check_action_space
 from rlrun.models.continuous import TwinQ
@@ -30,13 +32,14 @@ class ActionBounds:
     """A Box's bounds: the algorithms act in [-1, 1]^A (what the replay stores and the critics see), the envs get
     actions scaled to [low, high]."""
 
-    def __init__(self, space: gym.Space, algo: str):
+    def __init__(self, space: gym.Space[Any], algo: str):
         check_action_space(space, "continuous", "this env", algo)
         self.low, self.high, self.dtype = space.low.astype(np.float64), space.high.astype(np.float64), space.dtype
         self.dim = space.shape[0]
 
     def to_env(self, unit: np.ndarray) -> np.ndarray:
-        return (self.low + (unit + 1.0) * 0.5 * (self.high - self.low)).astype(self.dtype)
+        actions: np.ndarray = (self.low + (unit + 1.0) * 0.5 * (self.high - self.low)).astype(self.dtype)
+        return actions
 
     def explore(self, n: int, policy: Callable[[], Tensor] | None) -> tuple[np.ndarray, np.ndarray]:
         """(the actions n envs take, the unit actions the replay stores) while collecting: the policy's (`policy()`,
@@ -71,7 +74,7 @@ class CriticLearner(nn.Module):
 
 def step_critics(
     learner: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     batch: tuple[Tensor, Tensor, Tensor, Tensor],
     name: str,
     batch_size: int,
@@ -86,13 +89,13 @@ def step_critics(
     return {"qf_loss": loss.detach(), "q_values": q.sum() / (2 * batch_size)}, td_abs
 
 
-def learner_state(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> dict:
+def learner_state(model: nn.Module, optimizers: dict[str, Optimizer]) -> dict[str, Any]:
     """The networks' and the optimizers' state, shared by every rank."""
     return {"model": model.state_dict()} | {f"{name}_optimizer": o.state_dict() for name, o in optimizers.items()}
 
 
 def load_learner_state(
-    algo: ReplayAlgorithm, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], state: dict
+    algo: ReplayAlgorithm, model: nn.Module, optimizers: dict[str, Optimizer], state: dict[str, Any]
 ) -> None:
     model.load_state_dict(state["model"])
     for name, optimizer in optimizers.items():

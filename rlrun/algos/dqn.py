@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +18,7 @@ from torch.nn import functional as F
 from rlrun.algos.configs import DQNConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, OptimizerParts, adam
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions
 from rlrun.config import ModelConfig
 from rlrun.errors import UserError
@@ -37,7 +38,7 @@ def q_targets(
 ) -> Tensor:
     """n-step targets R + gamma^m Q_target(s', a') with a' = argmax Q_online(s') (double DQN) or
     argmax Q_target(s') (DQN); `discount` is gamma^m, or 0 after termination. [B]"""
-    next_q = target(next_obs)
+    next_q: Tensor = target(next_obs)
     best = (online(next_obs) if double_q else next_q).argmax(-1, keepdim=True)
     return returns + discount * next_q.gather(-1, best).squeeze(-1)
 
@@ -72,7 +73,14 @@ class DQNLearner(nn.Module):
 class DQN(ReplayAlgorithm):
     """Epsilon-greedy collection into the replay shard, double-DQN updates on global batches (off_policy.py)."""
 
-    def __init__(self, cfg: DQNConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+    def __init__(
+        self,
+        cfg: DQNConfig,
+        model_cfg: ModelConfig,
+        spec: EnvSpec,
+        device: torch.device,
+        reductions: Reductions | None = None,
+    ):
         obs_space, action_space = spec.observation_space, spec.action_space
         if not isinstance(action_space, gym.spaces.Discrete):
             raise UserError(f"algo=dqn needs a discrete action space; this env has {action_space}")
@@ -89,7 +97,7 @@ class DQN(ReplayAlgorithm):
         self.epsilon = cfg.start_e
 
     @functools.cached_property
-    def optimizer(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> Optimizer:
         """The parts' optimizer over the trained parameters, built on first use."""
         return self.parts.make_optimizer(self.trained)
 
@@ -145,14 +153,14 @@ class DQN(ReplayAlgorithm):
         self.model.eval()
         return self._greedy_or_random(obs, 0.0 if deterministic else self.cfg.end_e)
 
-    def learner_state(self) -> dict:
+    def learner_state(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
         }
 
-    def load_learner_state(self, state: dict) -> None:
+    def load_learner_state(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.target.load_state_dict(state["target"])
         self.load_optimizer(self.optimizer, state["optimizer"])

@@ -8,19 +8,21 @@ straggler's rollout is cut short they do not, and weighted_mean_all weighs each 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import gymnasium as gym
 import torch
 from torch import Tensor
 
 MeanAll = Callable[[Tensor], Tensor]
 
 
-def float_entries(obs_space) -> Tensor | None:
+def float_entries(obs_space: gym.Space[Any]) -> Tensor | None:
     """bool [size] marking the entries of encoded observations (rlrun.envs.spaces.EncodedBox) that come from float
     Box keys, the ones observation normalization rescales: one-hots, bits, integer vectors, images and action
     masks keep their values. None for observations as the env gives them (every entry is rescaled)."""
     floats = getattr(obs_space, "floats", None)
-    if floats is None:
+    if floats is None or obs_space.shape is None:  # (an EncodedBox, which has floats, has a shape)
         return None
     scaled = torch.zeros(obs_space.shape, dtype=torch.bool)
     for start, end in floats:
@@ -84,10 +86,10 @@ class RunningMoments:
         out = ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip).float()
         return out if self.scaled is None else torch.where(self.scaled, out, x.float())
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"mean": self.mean.cpu().clone(), "var": self.var.cpu().clone(), "count": float(self.count)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         device = self.mean.device
         self.mean, self.var = state["mean"].to(device, copy=True), state["var"].to(device, copy=True)
         self.count = float(state["count"])

@@ -8,12 +8,14 @@ state of its networks and optimizers (`learner_state`). It knows nothing of rank
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
+from rlrun.algos.parts import Optimizer
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.buffers.replay import ReplayBuffer
 from rlrun.envs.protocol import VectorEnv
@@ -86,11 +88,11 @@ class ReplayAlgorithm:
         the global batch's value, so that the ranks' mean is the global one; |TD errors| [n] for priorities)."""
         raise NotImplementedError
 
-    def learner_state(self) -> dict:
+    def learner_state(self) -> dict[str, Any]:
         """The networks' and optimizers' state, shared by every rank."""
         raise NotImplementedError
 
-    def load_learner_state(self, state: dict) -> None:
+    def load_learner_state(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def sync_targets(self) -> None:
@@ -131,7 +133,7 @@ class ReplayAlgorithm:
         return torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
 
     @torch.inference_mode()
-    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict:
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, Any]:
         """train_freq vector steps into the replay shard; returns finished episodes."""
         if self.modal:
             self.model.eval()  # acting; update() learns in train mode
@@ -200,34 +202,34 @@ class ReplayAlgorithm:
             out["charts/beta"] = beta
         return out
 
-    def load_optimizer(self, optimizer, state: dict) -> None:
+    def load_optimizer(self, optimizer: Optimizer, state: dict[str, Any]) -> None:
         """An optimizer's saved state, at the configured rate (also when the resume changed it)."""
         optimizer.load_state_dict(state)
         for group in optimizer.param_groups:
             group["lr"] = self.cfg.lr
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """What every rank shares: networks, optimizers, update count, the shard-split stream, max priority."""
         shared = {"updates": self.updates, "shard_rng": self.shard_rng.get_state()}
         return self.learner_state() | shared | {"max_priority": self.replay.max_priority}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.load_learner_state(state)
         self.updates = state["updates"]
         self.shard_rng.set_state(state["shard_rng"])
         self.replay.max_priority = state["max_priority"]
 
-    def rank_state(self) -> dict:
+    def rank_state(self) -> dict[str, Any]:
         return {"next_obs": torch.from_numpy(np.array(self.next_obs))}
 
-    def load_rank_state(self, state: dict) -> None:
+    def load_rank_state(self, state: dict[str, Any]) -> None:
         self.next_obs = state["next_obs"].numpy().copy()
 
-    def shard_state(self) -> dict | None:
+    def shard_state(self) -> dict[str, Any] | None:
         """This rank's replay shard, when configured to be checkpointed (each rank writes its own file)."""
         return self.replay.state_dict() if self.cfg.replay.checkpoint else None
 
-    def load_shard_state(self, state: dict) -> None:
+    def load_shard_state(self, state: dict[str, Any]) -> None:
         if tuple(state["frames"].shape) != self.replay.frames.shape:  # saved by an older rlrun, or another size
             log.warning("replay shard of another layout (%s rows): this rank refills its replay", len(state["frames"]))
             return

@@ -6,13 +6,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-# (the parameters it trains) -> the optimizer (zero_grad, step, param_groups' "lr", state_dict as torch.optim's)
-MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+
+class Optimizer(Protocol):
+    """What the algorithms use of an optimizer: a torch.optim one, or a drop-in (rlrun/fast/flat_adam.py)."""
+
+    param_groups: list[dict[str, Any]]  # the algorithms set each group's "lr" (annealing, a resume's rate)
+
+    def zero_grad(self) -> None: ...
+    def step(self) -> object: ...
+    def state_dict(self) -> dict[str, Any]: ...  # in torch.optim's format, so either optimizer resumes the other's
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> None: ...
+
+
+# (the parameters it trains) -> the optimizer over them
+MakeOptimizer = Callable[[list[nn.Parameter]], Optimizer]
 # (parameters, max_norm) -> the gradient norm before clipping, as nn.utils.clip_grad_norm_
 ClipGradNorm = Callable[[list[nn.Parameter], float], Tensor]
 

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from rlrun.algos.configs import PPOConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.normalize import RunningMoments, float_entries, normalize_advantages, weighted_mean_all
-from rlrun.algos.parts import Acting, ClipGradNorm, MakeOptimizer, adam
+from rlrun.algos.parts import Acting, ClipGradNorm, MakeOptimizer, Optimizer, adam
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, step_groups
@@ -163,7 +163,7 @@ class PPO:
         self.eval_state: Tensor | None = None  # what act() carries between calls (evaluation, play)
 
     @functools.cached_property
-    def optimizer(self) -> torch.optim.Optimizer:
+    def optimizer(self) -> Optimizer:
         """The parts' optimizer over the trained parameters, built on first use."""
         return self.parts.make_optimizer(self.trained)
 

@@ -64,18 +64,18 @@ def step_groups(
     straggler). Returns the observations after the last step, in env order, the episodes that ended and the number
     of steps taken."""
     groups, episodes = envs.groups, []
-    obs = [obs[g] for g in groups]
+    group_obs = [obs[g] for g in groups]
     for t in range(num_steps + 1):
         last = t == num_steps or (t > 0 and cut is not None and cut(t))
         for i, g in enumerate(groups):
             if t > 0:
-                obs[i], ended = observe_step(value_of, envs.recv(i), t - 1, g, out)
+                group_obs[i], ended = observe_step(value_of, envs.recv(i), t - 1, g, out)
                 episodes.append(ended)
             if not last:
-                envs.send(i, act(obs[i], t, g))
+                envs.send(i, act(group_obs[i], t, g))
         if last:
             break
-    return np.concatenate(obs), episodes, t
+    return np.concatenate(group_obs), episodes, t
 
 
 class StepRows:
@@ -84,7 +84,8 @@ class StepRows:
     than acting does for a few envs), or stacked into one tensor that keeps their autograd graph (A2C)."""
 
     def __init__(self, target: Tensor | None = None):
-        self.target, self.rows = target, {}
+        self.target = target
+        self.rows: dict[tuple[int, int], list[Tensor]] = {}  # (first env, end) of a group -> its rows, by step
 
     def __setitem__(self, index: tuple[int, slice], value: Tensor) -> None:
         _, envs = index  # steps come in order, each group's at every step
@@ -95,6 +96,7 @@ class StepRows:
         return torch.cat([torch.stack(self.rows[g]) for g in sorted(self.rows)], dim=1)
 
     def flush(self) -> None:
+        assert self.target is not None, "flush writes into the target tensor given (stacked() makes one)"
         for (start, stop), values in self.rows.items():
             self.target[: len(values), start:stop] = torch.stack(values)  # a rollout cut short fills fewer steps
         self.rows.clear()

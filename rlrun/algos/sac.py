@@ -21,7 +21,7 @@ from rlrun.algos.configs import SACConfig
 from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, OptimizerParts, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
 from rlrun.models import trainable
@@ -78,7 +78,14 @@ class SAC(ReplayAlgorithm):
 
     modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
 
-    def __init__(self, cfg: SACConfig, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+    def __init__(
+        self,
+        cfg: SACConfig,
+        model_cfg: ModelConfig,
+        spec: EnvSpec,
+        device: torch.device,
+        reductions: Reductions | None = None,
+    ):
         self.bounds, obs_dtype, obs_dim = replay_layout(spec, cfg.name)
         super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.model = nets = SACNetworks(obs_dim, self.bounds.dim, model_cfg, cfg).to(device)
@@ -90,18 +97,18 @@ class SAC(ReplayAlgorithm):
 
     # Built on first use, as DQN's: an acceleration may put others in their place first.
     @functools.cached_property
-    def critic_optimizer(self) -> torch.optim.Optimizer:
+    def critic_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.critic))
 
     @functools.cached_property
-    def actor_optimizer(self) -> torch.optim.Optimizer:
+    def actor_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.actor))
 
     @functools.cached_property
-    def alpha_optimizer(self) -> torch.optim.Optimizer | None:
+    def alpha_optimizer(self) -> Optimizer | None:
         return self.parts.make_optimizer(self.temperature_trained()) if self.cfg.autotune else None
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Optimizer]:
         alpha = {"alpha": self.alpha_optimizer} if self.alpha_optimizer is not None else {}
         return {"critic": self.critic_optimizer, "actor": self.actor_optimizer} | alpha
 
@@ -121,7 +128,8 @@ class SAC(ReplayAlgorithm):
         """The policy's actions in [-1, 1]^A: its mode, or a sample."""
         if deterministic:
             return self.model.actor.mode(obs)
-        return self.model.actor(obs, torch.randn(len(obs), self.bounds.dim, device=self.device))[0]
+        actions: Tensor = self.model.actor(obs, torch.randn(len(obs), self.bounds.dim, device=self.device))[0]
+        return actions
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +148,9 @@ class SAC(ReplayAlgorithm):
     def load_learner_state(self, state: dict[str, Any]) -> None:
         load_learner_state(self, self.model, self.optimizers(), state)
 
-    def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):
+    def learn(
+        self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None
+    ) -> tuple[dict[str, Tensor], Tensor]:
         """One SAC update on this rank's items. `noise` [1 + policy_frequency, n, A] is the standard-normal noise of
         the next actions and of each actor step (drawn here when not given)."""
         c, nets = self.cfg, self.model

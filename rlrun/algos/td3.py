@@ -20,7 +20,7 @@ from rlrun.algos.configs import TD3Config
 from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, OptimizerParts, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
 from rlrun.models import trainable
@@ -42,7 +42,8 @@ class TD3ActorLearner(nn.Module):
         self.actor, self.batch_size = actor, batch_size
 
     def forward(self, obs: Tensor, critic: TwinQ) -> Tensor:
-        return -critic(obs, self.actor(obs), detached=True, first=True).sum() / self.batch_size
+        q: Tensor = critic(obs, self.actor(obs), detached=True, first=True)
+        return -q.sum() / self.batch_size
 
 
 class TD3Networks(nn.Module):
@@ -64,7 +65,14 @@ class TD3(ReplayAlgorithm):
 
     modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
 
-    def __init__(self, cfg: TD3Config, model_cfg: ModelConfig, spec: EnvSpec, device: torch.device, reductions=None):
+    def __init__(
+        self,
+        cfg: TD3Config,
+        model_cfg: ModelConfig,
+        spec: EnvSpec,
+        device: torch.device,
+        reductions: Reductions | None = None,
+    ):
         self.bounds, obs_dtype, obs_dim = replay_layout(spec, cfg.name)
         super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.model = TD3Networks(obs_dim, self.bounds.dim, model_cfg).to(device)
@@ -75,14 +83,14 @@ class TD3(ReplayAlgorithm):
 
     # Built on first use, as DQN's: an acceleration may put others in their place first.
     @functools.cached_property
-    def critic_optimizer(self) -> torch.optim.Optimizer:
+    def critic_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.critic))
 
     @functools.cached_property
-    def actor_optimizer(self) -> torch.optim.Optimizer:
+    def actor_optimizer(self) -> Optimizer:
         return self.parts.make_optimizer(trainable(self.model.actor))
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, Optimizer]:
         return {"critic": self.critic_optimizer, "actor": self.actor_optimizer}
 
     def wrap_learner(self, wrap: Wrap) -> None:
@@ -96,10 +104,11 @@ class TD3(ReplayAlgorithm):
 
     def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:
         """The policy's actions in [-1, 1]^A: mu(s), or with Gaussian exploration noise."""
-        mu = self.model.actor(obs)
+        mu: Tensor = self.model.actor(obs)
         if deterministic or self.cfg.exploration_noise == 0:
             return mu
-        return (mu + self.cfg.exploration_noise * torch.randn(mu.shape, device=self.device)).clamp(-1.0, 1.0)
+        noisy: Tensor = (mu + self.cfg.exploration_noise * torch.randn(mu.shape, device=self.device)).clamp(-1.0, 1.0)
+        return noisy
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +127,9 @@ class TD3(ReplayAlgorithm):
     def load_learner_state(self, state: dict[str, Any]) -> None:
         load_learner_state(self, self.model, self.optimizers(), state)
 
-    def learn(self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None):
+    def learn(
+        self, batch: dict[str, Tensor], weights: Tensor, noise: Tensor | None = None
+    ) -> tuple[dict[str, Tensor], Tensor]:
         """One TD3 update on this rank's items. `noise` [n, A] is the standard-normal noise of the target actions
         (drawn here when not given)."""
         c, nets = self.cfg, self.model

@@ -43,8 +43,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor
 
@@ -105,7 +107,7 @@ class ReplayBuffer:
         alpha: float | None = None,
         priority_eps: float = 1e-6,
         action_shape: tuple[int, ...] = (),
-        action_dtype: np.dtype = np.int64,
+        action_dtype: npt.DTypeLike = np.int64,
     ):
         if capacity < 1:
             raise ValueError(f"a replay must hold at least one item, got capacity {capacity}")
@@ -249,8 +251,8 @@ class ReplayBuffer:
         col = env[:, None]
         terminated, truncated = self.terminated[window, col], self.truncated[window, col]
         done = terminated | truncated
-        counts = np.cumsum(done, axis=1) - done  # dones strictly before each step of the window
-        inside = counts == 0  # steps of the window still in the item's episode
+        counts: np.ndarray = np.cumsum(done, axis=1) - done  # dones strictly before each step of the window
+        inside: np.ndarray = counts == 0  # steps of the window still in the item's episode
         returns = (inside * self.gamma ** np.arange(self.n) * self.rewards[window, col]).sum(1)
         ended = (done & inside).any(1)
         last = np.where(ended, (done & inside).argmax(1), self.n - 1)  # the window's last step
@@ -274,12 +276,14 @@ class ReplayBuffer:
         """Observations at (row, env): the stored one, or the stack of the k newest frames up to that row,
         with the episode's first frame repeated before the episode start."""
         if self.k == 1:
-            return self.frames[row, env]
+            stored: np.ndarray = self.frames[row, env]
+            return stored
         back = np.arange(self.k - 1)  # 0 = the row itself
         starts = self.first[(row[:, None] - back) % self.rows, env[:, None]]  # [B, k-1]
         since_start = np.where(starts.any(1), starts.argmax(1), self.k - 1)
         offsets = np.minimum(np.arange(self.k - 1, -1, -1), since_start[:, None])  # oldest frame first
-        return self.frames[(row[:, None] - offsets) % self.rows, env[:, None]]
+        stacked: np.ndarray = self.frames[(row[:, None] - offsets) % self.rows, env[:, None]]
+        return stacked
 
     def _with_newest(self, row: np.ndarray, env: np.ndarray, frame: np.ndarray) -> np.ndarray:
         """The stack that follows (row, env) when `frame` is observed next in the same episode."""
@@ -287,7 +291,7 @@ class ReplayBuffer:
             return frame
         return np.concatenate([self._stack(row, env)[:, 1:], frame[:, None]], axis=1)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Everything, as plain tensors (for a per-rank file; large)."""
         keys = np.array(sorted(self.final), dtype=np.int64)
         arrays = ("frames", "actions", "rewards", "terminated", "truncated", "first", "context", "live")
@@ -302,7 +306,7 @@ class ReplayBuffer:
             "max_priority": self.max_priority,
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in ("frames", "actions", "rewards", "terminated", "truncated", "first", "context", "live"):
             getattr(self, name)[...] = state[name].numpy()
         if self.tree is not None:

@@ -30,7 +30,8 @@ class SumTree:
         return float(self.mins[1])
 
     def __getitem__(self, index: np.ndarray) -> np.ndarray:
-        return self.sums[self.size + np.asarray(index)]
+        sums: np.ndarray = self.sums[self.size + np.asarray(index)]
+        return sums
 
     def update(self, index: np.ndarray, priority: np.ndarray) -> None:
         """Set leaves `index` to `priority` (arrays of one length). With repeated indices the last one wins,

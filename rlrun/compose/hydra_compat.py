@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+from typing import Any
 
 from hydra._internal.core_plugins.structured_config_source import (
     StructuredConfigSource as HydrasStructuredConfigSource,
@@ -53,7 +54,7 @@ def parse_overrides(overrides: list[str]) -> list[Override]:
     return OverridesParser.create().parse_overrides(list(overrides))
 
 
-def override_values(override: Override) -> list:
+def override_values(override: Override) -> list[Any]:
     """The values an override gives its key, as the override parser types them (1e6 is a float): one, or each of a
     sweep of choices (a=1,2); a range or interval sweep gives its sweep object, left to the sweeper."""
     value = override.value()

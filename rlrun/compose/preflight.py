@@ -9,6 +9,7 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -30,6 +31,9 @@ from rlrun.compose.store import GROUPS, from_yaml
 from rlrun.config import CONF_DIR, TrainConfig, check, validate_play, validate_train
 from rlrun.config.batched import LAUNCHER, batch_refusal
 from rlrun.errors import NothingToDo, UserError
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 log = logging.getLogger("rlrun")
 
@@ -54,7 +58,7 @@ def check_device_present(device: str, local_ranks: int = 1) -> None:
         check(local_ranks <= count, f"device=cuda with {local_ranks} ranks per node: this machine has {devices}")
 
 
-def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict]:
+def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict[str, Any]]:
     """The checkpoint's config with the command line's key=value overrides on top, checked, and the
     checkpoint itself."""
     from rlrun.checkpoint import load_checkpoint
@@ -68,7 +72,7 @@ def resumed_config(resume: str, overrides: list[str]) -> tuple[TrainConfig, dict
     return typed, state
 
 
-def _check_not_done(state: dict, typed: TrainConfig) -> None:
+def _check_not_done(state: dict[str, Any], typed: TrainConfig) -> None:
     """Resuming a run that has trained its whole budget, without a larger one, changes nothing."""
     per_iteration = state.get("steps_per_iteration")  # the checkpoint's; a resume to another world size may differ
     if not per_iteration:
@@ -80,7 +84,7 @@ def _check_not_done(state: dict, typed: TrainConfig) -> None:
         )
 
 
-def check_fits(state: dict, typed: TrainConfig) -> None:
+def check_fits(state: dict[str, Any], typed: TrainConfig) -> None:
     """A config that the checkpoint's networks cannot continue in (another env's spaces, another network shape)
     ends here with one line naming the difference, before anything is written. Costs an env and a network built
     only when the resume line changes the env, model or algorithm."""
@@ -129,14 +133,14 @@ def _changed(section: str, a: TrainConfig, b: TrainConfig) -> str:
     return " ".join(f"{section}.{k}={flat_y[k]}" for k in keys)
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for k, v in d.items():
         out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
     return out
 
 
-def _shape(shape: tuple, short: bool = False) -> str:
+def _shape(shape: tuple[int, ...], short: bool = False) -> str:
     if len(shape) == 1:
         return str(shape[0]) if short else f"{shape[0]}-dim"
     return str(tuple(shape))
@@ -149,7 +153,7 @@ def _log_warnings(typed: TrainConfig) -> None:
 
 def train_config(
     cfg: DictConfig, overrides: list[str], run_dir: Path, requeued: bool = False
-) -> tuple[TrainConfig, dict | None]:
+) -> tuple[TrainConfig, dict[str, Any] | None]:
     """The typed config the run in `run_dir` trains with, and the checkpoint it resumes from (or None). With
     resume=auto, and always for a job the scheduler requeued, that is the run folder's newest checkpoint if any."""
     typed: TrainConfig = OmegaConf.to_object(cfg)
@@ -372,7 +376,7 @@ def _preflight_train(typed: TrainConfig, runs: bool) -> None:
             entry.network(typed.algo, typed.model, obs_space, action_space)
 
 
-def _check_replay_memory(typed: TrainConfig, obs_space) -> None:
+def _check_replay_memory(typed: TrainConfig, obs_space: gym.Space[Any]) -> None:
     """A replay of observations that cannot fit in this machine's memory is refused before the run (numpy would
     allocate it lazily and the run die of memory part way): uint8 images are stored as bytes, the rest as float32."""
     import numpy as np

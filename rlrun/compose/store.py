@@ -4,6 +4,9 @@ and the TrainConfig as YAML text, which checkpoints store and ranks are handed: 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
@@ -26,7 +29,7 @@ def register_configs() -> None:
         cs.store(group="algo", name=f"{name}_schema", node=entry.schema)
 
 
-def from_yaml(text: str, overrides: list[str] = ()) -> TrainConfig:
+def from_yaml(text: str, overrides: Sequence[str] = ()) -> TrainConfig:
     """The typed TrainConfig from its YAML text (as stored in checkpoints and handed to ranks), with
     `key=value` overrides applied on top (a resume's command line; `resume` and `hydra.*` are not the run's)."""
     saved = OmegaConf.create(text)
@@ -42,7 +45,7 @@ def from_yaml(text: str, overrides: list[str] = ()) -> TrainConfig:
         except OmegaConfBaseException as e:
             message = str(e).splitlines()[0]
             raise UserError(f"{override.input_line}: {message} (the checkpoint's algo is {saved.algo.name})") from e
-    return OmegaConf.to_object(merged)
+    return cast(TrainConfig, OmegaConf.to_object(merged))  # a structured TrainConfig node converts to one
 
 
 def to_yaml(cfg: TrainConfig) -> str:

@@ -12,7 +12,7 @@ import re
 import sys
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rlrun.envs.sync import SyncEnvs
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     """SyncEnvs and WorkerPool, imported on first use: they need torch, which the config checks (which use this
     module's env ids and spaces) must not import."""
     if name == "SyncEnvs":
@@ -114,7 +114,7 @@ def check_env_id(env_id: str) -> None:
     raise UserError(f"unknown env id '{env_id}'{hint}")
 
 
-def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tuple[gym.Space, gym.Space]:
+def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tuple[gym.Space[Any], gym.Space[Any]]:
     """(observation space, action space) of one configured env, as the algorithm sees it (wrappers applied). Given
     a list, the env also goes through gymnasium's passive env checker (built, reset and stepped once), and the list
     gets each of its warnings as one line; an API violation it asserts is a UserError."""
@@ -140,7 +140,7 @@ def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tup
     return spaces
 
 
-def _legal_sample(env: gym.Env, obs: np.ndarray):
+def _legal_sample(env: gym.Env, obs: np.ndarray) -> Any:
     """A random action of `env`, a legal one where its observations end with action masks (an env may raise on an
     illegal action, as a board game does)."""
     size, space = getattr(env.observation_space, "mask_size", 0), env.action_space
@@ -160,7 +160,7 @@ def third_party(env_id: str) -> bool:
     return not module.startswith(("gymnasium.envs.", "ale_py", "rlrun."))
 
 
-def check_action_space(space: gym.Space, kind: str, env_id: str, algo: str) -> None:
+def check_action_space(space: gym.Space[Any], kind: str, env_id: str, algo: str) -> None:
     """Raise UserError when the env's action space is not of the `kind` the algorithm takes: "discrete" (Discrete:
     value-based algorithms), "continuous" (a 1-D Box with finite bounds: SAC and TD3 scale actions to them) or
     "policy" (Discrete, a 1-D Box, MultiDiscrete or MultiBinary: policy gradients, one distribution for each)."""
@@ -221,7 +221,7 @@ class ClipToBounds(gym.ActionWrapper):
 _OUR_KWARGS = ("disable_env_checker", "frameskip", "repeat_action_probability", "render_mode")  # make_env's own
 
 
-def _gym_make(env_id, kwargs: dict, **options) -> gym.Env:
+def _gym_make(env_id: str | gym.envs.registration.EnvSpec, kwargs: dict[str, Any], **options: Any) -> gym.Env:
     """gym.make, with the two mistakes a user can fix said in one line: env.kwargs the constructor does not take,
     and a package the env needs. Any other exception is the env's own and keeps its traceback."""
     try:
@@ -236,7 +236,7 @@ def _gym_make(env_id, kwargs: dict, **options) -> gym.Env:
         raise
 
 
-def _name(env_id) -> str:
+def _name(env_id: str | gym.envs.registration.EnvSpec) -> str:
     return f"'{env_id.id if isinstance(env_id, gym.envs.registration.EnvSpec) else env_id}'"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +20,7 @@ class EpisodicLife(gym.Wrapper):
         self.lives = 0
         self.game_over = True
 
-    def step(self, action: Any):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
         lives = self.env.unwrapped.ale.lives()
@@ -29,7 +29,7 @@ class EpisodicLife(gym.Wrapper):
         self.lives = lives
         return obs, reward, terminated, truncated, info
 
-    def reset(self, **kwargs: Any):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         if self.game_over:
             obs, info = self.env.reset(**kwargs)
         else:
@@ -43,7 +43,7 @@ class EpisodicLife(gym.Wrapper):
 class FireReset(gym.Wrapper):
     """Press FIRE after reset in games that wait for it (Breakout), so episodes do not stall."""
 
-    def reset(self, **kwargs: Any):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         self.env.reset(**kwargs)
         obs, _, terminated, truncated, info = self.env.step(1)
         if terminated or truncated:

@@ -5,6 +5,7 @@ from successive observations, so it needs memory."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -23,10 +24,11 @@ class KeepObservation(gym.ObservationWrapper):
         self.observation_space = gym.spaces.Box(space.low[self.indices], space.high[self.indices], dtype=space.dtype)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
-        return observation[self.indices]
+        kept: np.ndarray = observation[self.indices]
+        return kept
 
 
-def masked_cartpole(**kwargs) -> gym.Env:
+def masked_cartpole(**kwargs: Any) -> gym.Env:
     """CartPole seeing the cart position and the pole angle only (CartPole-v1's obs 0 and 2)."""
     return KeepObservation(CartPoleEnv(**kwargs), [0, 2])
 

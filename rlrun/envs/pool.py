@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing import reduction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -55,7 +55,11 @@ def _shared(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(size, 1)), dtype=dtype, count=int(np.prod(shape))).reshape(shape)
 
 
-def _layout(specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[list, int]:
+# (name, shape, dtype string, offset) of each array packed into a shared block
+Layout = list[tuple[str, tuple[int, ...], str, int]]
+
+
+def _layout(specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[Layout, int]:
     """[(name, shape, dtype, offset)] of arrays packed into one block (64-byte aligned), and its size."""
     layout, size = [], 0
     for name, (shape, dtype) in specs.items():
@@ -64,7 +68,7 @@ def _layout(specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[list, i
     return layout, max(size, 1)
 
 
-def _map(fd: int, layout: list, size: int) -> dict[str, np.ndarray]:
+def _map(fd: int, layout: Layout, size: int) -> dict[str, np.ndarray]:
     """The arrays of `layout` over the file `fd`, mapped shared: what one process writes, the others read."""
     block = mmap.mmap(fd, size)
     return {
@@ -93,9 +97,9 @@ class WorkerContext:
     where: list[int | None]  # the env being worked on (None: none), for the error report
     check_finite: bool = True  # env.check_finite: a NaN or infinite observation or reward raises NonFiniteError
     shared: dict[str, np.ndarray] = field(default_factory=dict)
-    memory: dict = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
 
-    def step(self) -> list[dict]:
+    def step(self) -> list[dict[str, Any]]:
         """Step this worker's envs with the actions in the step buffers (SAME_STEP autoreset); their infos."""
         infos = run_command("step", None, self.envs, self.rows.start, self.buffers, self.where, self.check_finite)
         self.beats[self.index] += 1
@@ -264,7 +268,7 @@ class WorkerPool:
             self.conns.append(parent_end)
             self.procs.append(proc)
 
-    def _send(self, w: int, message: tuple, fd: int | None = None) -> None:
+    def _send(self, w: int, message: tuple[str, Any], fd: int | None = None) -> None:
         """Send to worker w (and the descriptor `fd` after it). A worker that died meanwhile is reported by the
         _recv that follows, which names it and how it died; the broken pipe says neither."""
         try:
@@ -274,7 +278,7 @@ class WorkerPool:
         except OSError:
             pass
 
-    def _wait(self, w: int) -> list:
+    def _wait(self, w: int) -> list[Any]:
         """Wait until worker w answers or dies, or makes no progress (WorkerContext.step) for the timeout."""
         conn, proc = self.conns[w], self.procs[w]
         beats, changed = int(self.beats[w]), time.monotonic()
@@ -292,7 +296,7 @@ class WorkerPool:
         sl = self.slices[w]
         return f"{self.role} {w} (pid {self.procs[w].pid}, envs {sl.start}-{sl.stop - 1})"
 
-    def _recv(self, w: int, what: str) -> list:
+    def _recv(self, w: int, what: str) -> list[Any]:
         conn, proc, where = self.conns[w], self.procs[w], self._where(w)
         ready = self._wait(w)
         if conn in ready:
@@ -301,7 +305,8 @@ class WorkerPool:
             except (EOFError, OSError):
                 status, payload = "dead", None
             if status == "ok":
-                return payload
+                results: list[Any] = payload
+                return results
             if status == "nonfinite":
                 raise NonFiniteError(payload)
             if status == "error":
@@ -313,13 +318,15 @@ class WorkerPool:
             raise EnvWorkerError(f"{where} {_describe_exit(proc.exitcode)} during {what}")
         raise EnvWorkerTimeout(f"{where} made no progress in {what} for {self.timeout:g} s (env.vector.step_timeout_s)")
 
-    def _call(self, command: str, per_env: Sequence | None = None) -> list:
+    def _call(self, command: str, per_env: Sequence[Any] | None = None) -> list[Any]:
         """Send a command to every worker (per-env data sliced to each), gather per-env results."""
         for w, sl in enumerate(self.slices):
             self._send(w, (command, None if per_env is None else list(per_env[sl])))
         return [item for w in range(len(self.slices)) for item in self._recv(w, command)]
 
-    def reset(self, seed: int | Sequence[int] | None = None, options: dict | None = None):
+    def reset(
+        self, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         if isinstance(seed, int):
             seed = [seed + i for i in range(self.num_envs)]
         infos = self._call("reset", seed)
@@ -356,7 +363,7 @@ class WorkerPool:
         finally:
             os.close(fd)
 
-    def run(self, what: str, job: Job, args_of: ArgsOf) -> list:
+    def run(self, what: str, job: Job, args_of: ArgsOf) -> list[Any]:
         """JobRunner.run: job(WorkerContext, *args_of(its envs)) in every worker at once; their results, in worker
         order. The arguments cross a pipe, pickled; large arrays go through `share` instead."""
         for w, sl in enumerate(self.slices):
@@ -370,10 +377,10 @@ class WorkerPool:
                 proc.join(1.0)
                 raise EnvWorkerError(f"{self._where(w)} {_describe_exit(proc.exitcode)} while idle")
 
-    def get_env_state(self) -> list:
+    def get_env_state(self) -> list[Any]:
         return self._call("get_state")
 
-    def set_env_state(self, state: list) -> None:
+    def set_env_state(self, state: list[Any]) -> None:
         self._call("set_state", state)
 
     def close(self) -> None:

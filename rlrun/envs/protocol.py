@@ -93,6 +93,7 @@ class JobContext(Protocol):
     buffers: dict[str, np.ndarray]
     shared: dict[str, np.ndarray]
     memory: dict[str, Any]
+    where: list[int | None]  # the env being worked on, for an error report: a job sets [0] = None outside an env
 
     def step(self) -> list[dict[str, Any]]: ...
 

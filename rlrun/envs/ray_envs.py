@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector.utils import batch_space
@@ -86,11 +86,11 @@ class EnvActor:
             env = self.w.where[0]
             return "error", (None if env is None else self.offset + env, traceback.format_exc())
 
-    def call(self, command: str, data: list | None) -> tuple[str, object]:
+    def call(self, command: str, data: list[Any] | None) -> tuple[str, object]:
         """A pool command (reset, step with the given actions, get_state, set_state) on every env; a step or reset
         answers with the observations (and rewards and flags) beside the infos."""
 
-        def work():
+        def work() -> object:
             if command == "step":
                 self.buffers["actions"][:] = data
             infos = run_command(
@@ -110,7 +110,7 @@ class EnvActor:
 
         return self._answer(work)
 
-    def run(self, job: Callable, *args) -> tuple[str, object]:
+    def run(self, job: Callable[..., Any], *args: Any) -> tuple[str, object]:
         return self._answer(lambda: job(self.w, *args))
 
     def close(self) -> None:
@@ -118,7 +118,7 @@ class EnvActor:
             env.close()
 
 
-def _start_ray(address: str | None, num_workers: int):
+def _start_ray(address: str | None, num_workers: int) -> Any:  # the ray module (untyped)
     """Ray, connected: to the cluster at `address`, else the one this process started, else a new local one with
     room (logical CPUs) for `num_workers` actors, which the last RayEnvs to close shuts down."""
     try:
@@ -187,7 +187,7 @@ class RayEnvs:
         probe.close()
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self._pending: dict[int, list] = {}
+        self._pending: dict[int, list[Any]] = {}
 
     def _placed(self) -> list[tuple[str, int]]:
         """(node, pid) of every actor once all are up; actors the cluster cannot place within the step timeout (not
@@ -203,7 +203,8 @@ class RayEnvs:
                 "lower env.vector.num_workers or env.vector.ray_cpus_per_worker"
             )
         try:
-            return self.ray.get(refs)
+            started: list[tuple[str, int]] = self.ray.get(refs)
+            return started
         except self.ray.exceptions.RayError as e:
             self.close()
             raise EnvWorkerError(f"a Ray {self.role} failed to start: {_cause(e)}") from e
@@ -212,7 +213,7 @@ class RayEnvs:
         sl, (node, pid) = self.slices[w], self.nodes[w]
         return f"Ray {self.role} {w} (node {node}, pid {pid}, envs {sl.start}-{sl.stop - 1})"
 
-    def _recv(self, workers: Sequence[int], refs: list, what: str) -> list:
+    def _recv(self, workers: Sequence[int], refs: list[Any], what: str) -> list[Any]:
         """The answers of `workers` to `refs`, in order. An actor that dies is reported as soon as Ray knows; one that
         makes no progress (EnvActor.progress) for the step timeout, when it is past."""
         marks = {w: (-1, time.monotonic()) for w in workers}
@@ -252,14 +253,16 @@ class RayEnvs:
                 f"{self._where(w)} made no progress in {what} for {self.timeout:g} s (env.vector.step_timeout_s)"
             )
 
-    def _call(self, command: str, per_env: Sequence | None = None) -> list:
+    def _call(self, command: str, per_env: Sequence[Any] | None = None) -> list[Any]:
         refs = [
             a.call.remote(command, None if per_env is None else list(per_env[sl]))
             for a, sl in zip(self.actors, self.slices)
         ]
         return self._recv(range(self.num_workers), refs, command)
 
-    def reset(self, seed: int | Sequence[int] | None = None, options: dict | None = None):
+    def reset(
+        self, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         if isinstance(seed, int):
             seed = [seed + i for i in range(self.num_envs)]
         answers = self._call("reset", seed)
@@ -285,7 +288,7 @@ class RayEnvs:
             answers += self._recv(self.group_workers[g], self._pending.pop(g), "step")
         return _joined(answers)
 
-    def run(self, what: str, job: Job, args_of: ArgsOf) -> list:
+    def run(self, what: str, job: Job, args_of: ArgsOf) -> list[Any]:
         """JobRunner.run: job(WorkerContext, *args_of(its envs)) in every actor at once, over its own envs and arrays;
         their results, in actor order. An array all actors take goes through Ray's object store once when passed as
         ray.put's reference (an actor gets the array)."""
@@ -301,10 +304,10 @@ class RayEnvs:
             except self.ray.exceptions.RayError as e:
                 raise EnvWorkerError(f"{self._where(w)} died while idle: {_cause(e)}") from e
 
-    def get_env_state(self) -> list:
+    def get_env_state(self) -> list[Any]:
         return self._call("get_state")
 
-    def set_env_state(self, state: list) -> None:
+    def set_env_state(self, state: list[Any]) -> None:
         self._call("set_state", state)
 
     def close(self) -> None:
@@ -324,7 +327,7 @@ class RayEnvs:
             self.close()
 
 
-def _joined(answers: list[tuple]) -> StepResult:
+def _joined(answers: list[tuple[Any, ...]]) -> StepResult:
     """One vector step's results from the answers of consecutive actors: arrays joined, infos batched."""
     obs, rewards, terminated, truncated, infos = zip(*answers)
     per_env = [i for part in infos for i in part]

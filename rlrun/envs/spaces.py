@@ -8,6 +8,8 @@ collector, the evaluation and `rlrun play` see the same arrays."""
 
 from __future__ import annotations
 
+from typing import Any, SupportsFloat
+
 import gymnasium as gym
 import numpy as np
 
@@ -16,7 +18,7 @@ from rlrun.errors import UserError
 ENCODED = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
-def is_image(space: gym.Space) -> bool:
+def is_image(space: gym.Space[Any]) -> bool:
     """uint8 with 3 axes: frames, channel-first [C, H, W] or channel-last [H, W, C]."""
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
 
@@ -48,7 +50,7 @@ class EncodedBox(gym.spaces.Box):
         images: tuple[tuple[int, tuple[int, int, int]], ...] = (),
         floats: tuple[tuple[int, int], ...] = (),
         given: gym.spaces.Dict | None = None,
-        layout: tuple[tuple[str, int, gym.Space], ...] = (),
+        layout: tuple[tuple[str, int, gym.Space[Any]], ...] = (),
     ):
         super().__init__(-np.inf, np.inf, (size,), np.float32)
         self.mask_size = mask_size
@@ -58,12 +60,12 @@ class EncodedBox(gym.spaces.Box):
         self.layout = layout
 
 
-def mask_size(space: gym.Space) -> int:
+def mask_size(space: gym.Space[Any]) -> int:
     """How many action-mask entries end the observations of `space` (0: none)."""
     return getattr(space, "mask_size", 0)
 
 
-def _parts(space: gym.Space, key: str, obs_keys: list[str] | None) -> list[tuple[str, gym.Space]]:
+def _parts(space: gym.Space[Any], key: str, obs_keys: list[str] | None) -> list[tuple[str, gym.Space[Any]]]:
     """(key, space) of every leaf of a Dict/Tuple observation that is kept, keys as paths ('a.b', '0')."""
     if isinstance(space, gym.spaces.Tuple):
         space = gym.spaces.Dict({str(i): s for i, s in enumerate(space.spaces)})
@@ -78,7 +80,7 @@ def _parts(space: gym.Space, key: str, obs_keys: list[str] | None) -> list[tuple
     return out
 
 
-def _size(space: gym.Space) -> int:
+def _size(space: gym.Space[Any]) -> int:
     if isinstance(space, gym.spaces.Discrete):
         return int(space.n)
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -86,7 +88,7 @@ def _size(space: gym.Space) -> int:
     return int(np.prod(space.shape))
 
 
-def _encode(space: gym.Space, value) -> np.ndarray:
+def _encode(space: gym.Space[Any], value: Any) -> np.ndarray:
     """One leaf as a float32 vector."""
     if isinstance(space, gym.spaces.Discrete):
         out = np.zeros(space.n, np.float32)
@@ -102,7 +104,7 @@ def _encode(space: gym.Space, value) -> np.ndarray:
     return np.asarray(value, np.float32).ravel()
 
 
-def _is_float(space: gym.Space) -> bool:
+def _is_float(space: gym.Space[Any]) -> bool:
     return isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating)
 
 
@@ -110,7 +112,7 @@ def _chw(shape: tuple[int, ...]) -> tuple[int, int, int]:
     return (shape[2], shape[0], shape[1]) if channels_last(shape) else tuple(shape)
 
 
-def _leaf(value, key: str):
+def _leaf(value: Any, key: str) -> Any:  # the entry `key` (dotted: nested Dict and Tuple keys) of an observation
     for name in key.split(".") if key else []:
         value = value[int(name)] if isinstance(value, tuple) else value[name]
     return value
@@ -142,15 +144,15 @@ class EncodeObservation(gym.ObservationWrapper):
                 offsets[-1] + self.mask_size, self.mask_size, images, floats, given, layout if given else ()
             )
 
-    def reset(self, **kwargs):
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         self.steps = 0
         return super().reset(**kwargs)
 
-    def step(self, action):
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         self.steps += 1
         return super().step(action)
 
-    def observation(self, observation) -> np.ndarray:
+    def observation(self, observation: Any) -> np.ndarray:
         if self.transpose:
             return np.ascontiguousarray(np.moveaxis(observation, -1, 0))
         parts = [_encode(s, _leaf(observation, k)) for k, s in self.parts]
@@ -163,7 +165,7 @@ class EncodeObservation(gym.ObservationWrapper):
         return np.concatenate(parts)
 
 
-def _given(space: gym.Space, obs_keys: list[str] | None, with_mask: bool) -> gym.spaces.Dict | None:
+def _given(space: gym.Space[Any], obs_keys: list[str] | None, with_mask: bool) -> gym.spaces.Dict | None:
     """The Dict of the kept keys of a Dict or Tuple observation (a Tuple's as "0", "1", ...), the action mask
     included where the observation holds it; None for other spaces."""
     if isinstance(space, gym.spaces.Tuple):
@@ -174,7 +176,7 @@ def _given(space: gym.Space, obs_keys: list[str] | None, with_mask: bool) -> gym
     return gym.spaces.Dict(kept)
 
 
-def _policy_size(space: gym.Space) -> int:
+def _policy_size(space: gym.Space[Any]) -> int:
     """Mask entries for an action space: one per action, or per component's action side by side."""
     if isinstance(space, gym.spaces.Discrete):
         return int(space.n)
@@ -183,14 +185,14 @@ def _policy_size(space: gym.Space) -> int:
     raise UserError(f"action masks are for Discrete and MultiDiscrete actions, not {space}")
 
 
-def needs_encoding(space: gym.Space) -> bool:
+def needs_encoding(space: gym.Space[Any]) -> bool:
     """False for the arrays the networks take as they are: Box vectors, Box tensors, channel-first images."""
     if isinstance(space, gym.spaces.Box):
         return is_image(space) and channels_last(space.shape)
     return True
 
 
-def check_observation_space(space: gym.Space, env_id: str, obs_keys: list[str] | None) -> None:
+def check_observation_space(space: gym.Space[Any], env_id: str, obs_keys: list[str] | None) -> None:
     """UserError naming the first part of `space` that cannot be encoded (a Text mission, a Graph, a Sequence),
     or an env.obs_keys entry the observation does not have."""
     top = space.spaces if isinstance(space, gym.spaces.Dict) else None

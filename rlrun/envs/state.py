@@ -43,7 +43,7 @@ def _plain(x: Any) -> Any:
     return x.item() if isinstance(x, np.generic) else x
 
 
-def _decode_into(obj: Any, name: str, enc: dict) -> None:
+def _decode_into(obj: Any, name: str, enc: dict[str, Any]) -> None:
     current = getattr(obj, name)
     if "rng" in enc:
         if not isinstance(current, np.random.Generator):  # created lazily by the first reset
@@ -71,7 +71,7 @@ def _layers(env: gym.Env) -> list[Any]:
     return layers
 
 
-def _layer_state(layer: Any) -> dict:
+def _layer_state(layer: Any) -> dict[str, Any]:
     state = {}
     for name, value in vars(layer).items():
         enc = _encode(value)
@@ -84,7 +84,7 @@ def _layer_state(layer: Any) -> dict:
     return state
 
 
-def _load_layer(layer: Any, state: dict) -> None:
+def _load_layer(layer: Any, state: dict[str, Any]) -> None:
     for name, enc in state.items():
         if name == "__ale__":
             import ale_py
@@ -94,12 +94,12 @@ def _load_layer(layer: Any, state: dict) -> None:
             _decode_into(layer, name, enc)
 
 
-def env_state(env: gym.Env) -> list | None:
+def env_state(env: gym.Env) -> list[Any] | None:
     """Plain-data state of every wrapper layer of `env`, or None when it is not restorable."""
     return [_layer_state(layer) for layer in _layers(env)] if restorable(env) else None
 
 
-def load_env_state(env: gym.Env, state: list) -> None:
+def load_env_state(env: gym.Env, state: list[Any]) -> None:
     """Overwrite the state of `env` (built from the same config, already reset) with a saved one."""
     for layer, layer_state in zip(_layers(env), state, strict=True):
         _load_layer(layer, layer_state)

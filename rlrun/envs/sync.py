@@ -9,7 +9,7 @@ time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ from rlrun.errors import NonFiniteError
 
 
 def env_buffers(
-    n: int, obs_space: gym.Space, action_space: gym.Space, alloc: Callable = np.zeros
+    n: int, obs_space: gym.Space[Any], action_space: gym.Space[Any], alloc: Callable[..., np.ndarray] = np.zeros
 ) -> dict[str, np.ndarray]:
     """The arrays `n` envs step through; `alloc(shape, dtype)` places them (the pool's in shared memory)."""
     return {
@@ -37,20 +37,20 @@ def env_buffers(
 
 def run_command(
     command: str,
-    data: list | None,
+    data: list[Any] | None,
     envs: list[gym.Env],
     offset: int,
     b: dict[str, np.ndarray],
-    where: list[int],
+    where: list[int | None],
     check_finite: bool = True,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Run one command on `envs` (rows offset.. of the buffers `b`); returns their per-env infos.
     `where[0]` tracks the env being worked on, for a worker's error report. With `check_finite`, a step or reset
     that returns a NaN or infinite observation or reward raises NonFiniteError naming the env."""
     infos = []
     for i, env in enumerate(envs):
         where[0] = j = offset + i
-        info: dict = {}
+        info: dict[str, Any] = {}
         if command == "step":
             obs, b["rewards"][j], b["terminated"][j], b["truncated"][j], info = env.step(b["actions"][j])
             if b["terminated"][j] or b["truncated"][j]:  # autoreset in the same step, as SAME_STEP does
@@ -102,17 +102,17 @@ class _Infos:
         self.num_envs = num_envs
 
 
-def batch_infos(infos: list[dict]) -> dict:
+def batch_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-env info dicts as one vector info dict (arrays plus `_key` masks), skipping the empty ones."""
     batch = _Infos(len(infos))
-    out: dict = {}
+    out: dict[str, Any] = {}
     for i, info in enumerate(infos):
         if info:
             out = batch._add_info(out, info, i)
     return out
 
 
-def step_results(b: dict[str, np.ndarray], envs: slice, infos: list[dict]) -> StepResult:
+def step_results(b: dict[str, np.ndarray], envs: slice, infos: list[dict[str, Any]]) -> StepResult:
     """What VectorEnv.step returns for the envs in `envs`, whose per-env infos are `infos`: copies, as the next step
     overwrites the buffers."""
     return StepResult(
@@ -141,12 +141,14 @@ class SyncEnvs:
         self.buffers = env_buffers(self.num_envs, self.single_observation_space, self.single_action_space)
         self.groups = [slice(0, self.num_envs)]
         self.num_workers = 0  # no processes of its own: acting may use every core
-        self._infos: list[dict] = []
+        self._infos: list[dict[str, Any]] = []
 
-    def _run(self, command: str, data: list | None = None) -> list[dict]:
+    def _run(self, command: str, data: list[Any] | None = None) -> list[dict[str, Any]]:
         return run_command(command, data, self.envs, 0, self.buffers, [0], self.check_finite)
 
-    def reset(self, seed: int | Sequence[int] | None = None, options: dict | None = None):
+    def reset(
+        self, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         if isinstance(seed, int):
             seed = [seed + i for i in range(self.num_envs)]
         infos = self._run("reset", None if seed is None else list(seed))
@@ -166,10 +168,10 @@ class SyncEnvs:
     def check_alive(self) -> None:
         """Nothing to check: the envs live in this process."""
 
-    def get_env_state(self) -> list:
+    def get_env_state(self) -> list[Any]:
         return self._run("get_state")
 
-    def set_env_state(self, state: list) -> None:
+    def set_env_state(self, state: list[Any]) -> None:
         self._run("set_state", state)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ aside with one line when they differ (selfcheck.py), so an edit to algos/ or mod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -39,9 +39,10 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
     cfg: Any = getattr(algo, "cfg", None)  # the algorithm's config section (algo.fast, its lr and Adam epsilon)
     if parts is None or cfg is None or not cfg.fast:
         return []
-    if isinstance(parts, PPOParts):
+    # PPO's and A2C's parts come with the rest of PPO and A2C, which their accelerations read (rollout, model, cfg).
+    if isinstance(parts, PPOParts) and isinstance(algo, PPO):
         return _accelerate_ppo(algo, parts, envs)
-    if isinstance(parts, A2CParts):
+    if isinstance(parts, A2CParts) and isinstance(algo, A2C):
         return _accelerate_a2c(algo, parts)
     if isinstance(parts, OptimizerParts):
         # DQN, SAC, TD3: parameters and gradients in one flat buffer per optimizer, so zeroing, clipping and the Adam
@@ -53,17 +54,18 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
 
 
 def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
-    applied, cpu, fused = [], algo.device.type == "cpu", fusable(algo.model)
+    applied, cpu = [], algo.device.type == "cpu"
+    fused = algo.model if fusable(algo.model) else None  # the MLP actor-critic the fused loss covers
     if cpu and _frames_cnn(algo):
         # oneDNN's convolution backward is faster on channels-last input: the rollout stores frames so,
         # paying the permute once per rollout, and minibatches gathered from it (take_rows) stay so.
         r = algo.rollout
         r.obs = r.obs.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3)
         applied.append("channels-last frames")
-    if fused:
+    if fused is not None:
         # One autograd node for the whole loss (hand-written gradient, numpy tanh on CPU) instead of ~60 ops:
         # on a small MLP the update is operator overhead. Checked against PPOLearner on the first minibatch.
-        fast = FusedPPOLearner(algo.model, algo.cfg)
+        fast = FusedPPOLearner(fused, algo.cfg)
         parts.learner = CheckedLearner(fast, PPOLearner(algo.model, algo.cfg), trainable(algo.model))
         applied.append("fused PPO loss")
     # Parameters and gradients in one flat buffer each, so zeroing, clipping and the Adam step are a few calls for
@@ -71,12 +73,12 @@ def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
     _flat_adam(parts, algo.cfg.lr, algo.cfg.adam_eps)
     algo.optimizer  # noqa: B018 (built now, not on first use: numpy acting takes views of its buffer)
     applied.append("flat Adam")
-    if cpu and fused:
+    if cpu and fused is not None:
         # Acting for a vector step in numpy on views of the live weights: a numpy call costs a fraction of a torch
         # operator at these sizes. Checked against the model's act on the first step.
-        parts.policy = CheckedPolicy(NumpyPolicy(algo.model), algo.model)
+        parts.policy = CheckedPolicy(NumpyPolicy(fused), fused)
         applied.append("numpy acting")
-    if _workers_can_act(algo, envs):
+    if _workers_can_act(envs, algo):
         # Each env worker runs its envs' rollout with a copy of the policy: one command per rollout instead of a
         # round trip per step, acting on every core beside the envs. Over Ray that round trip is milliseconds.
         acting = RayActing(algo, envs) if isinstance(envs, RayEnvs) else WorkerActing(algo, envs)
@@ -98,21 +100,21 @@ def _frames_cnn(algo: PPO | A2C) -> bool:
 
 
 def _accelerate_a2c(algo: A2C, parts: A2CParts) -> list[str]:
-    args = (algo.model, algo.cfg, algo.num_envs, algo.obs_dtype, algo.mean_all)
-    if fusable(algo.model):
+    model, args = algo.model, (algo.cfg, algo.num_envs, algo.obs_dtype, algo.mean_all)
+    if fusable(model):
         # Steps act without autograd, keeping their activations; the loss over the unroll is one autograd node with
         # a hand-written gradient: the reference's backward walks num_steps graphs, on a small MLP operator overhead.
         # Checked against the reference on the first unroll.
-        parts.learner = FusedA2CUnroll(*args)
+        parts.learner = FusedA2CUnroll(model, *args)
         return ["fused A2C unroll"]
     if algo.device.type == "cpu" and _frames_cnn(algo):
         # As for PPO: oneDNN's convolution backward is faster on channels-last frames (one copy per step here).
-        parts.learner = A2CUnroll(*args, policy=ChannelsLast(algo.model))
+        parts.learner = A2CUnroll(model, *args, policy=ChannelsLast(model))
         return ["channels-last frames"]
     return []
 
 
-def _workers_can_act(algo: PPO, envs: VectorEnv) -> bool:
+def _workers_can_act(envs: VectorEnv, algo: PPO) -> TypeGuard[WorkerPool | RayEnvs]:
     """algo.act_in_workers, on a worker pool or Ray actors not double-buffering (then the rank acts for one half while
     the other steps), for a feedforward CPU policy with a categorical or Gaussian distribution, without observation
     normalization (whose statistics move every step, in the rank) and without buffers (the workers' copies see the

@@ -14,4 +14,5 @@ class ChannelsLast(nn.Module):
         self.model = model
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        return self.model(obs.contiguous(memory_format=torch.channels_last))
+        out_value: tuple[Tensor, Tensor] = self.model(obs.contiguous(memory_format=torch.channels_last))
+        return out_value

@@ -10,8 +10,11 @@ None. The step is torch.optim.Adam(fused=True)'s kernel, called directly.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def flat_views(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
@@ -27,10 +30,12 @@ class FlatAdam:
     """Build it after the model is on its device and in its dtype; afterwards move nothing (.to() would detach
     the parameters from the buffer)."""
 
-    def __init__(self, params, lr: float, eps: float, betas: tuple[float, float] = (0.9, 0.999)):
+    def __init__(self, params: Iterable[Tensor], lr: float, eps: float, betas: tuple[float, float] = (0.9, 0.999)):
         self.owned = list(params)
         self.eps, self.betas = eps, betas
-        self.param_groups = [{"lr": lr}]  # as torch.optim's: the algorithms set the annealed rate here
+        self.param_groups: list[dict[str, Any]] = [
+            {"lr": lr}
+        ]  # as torch.optim's: the algorithms set the annealed rate here
         self.params = torch.cat([p.detach().reshape(-1) for p in self.owned])
         self.grads = torch.zeros_like(self.params)
         for p, data, grad in zip(self.owned, flat_views(self.params, self.owned), flat_views(self.grads, self.owned)):
@@ -42,10 +47,10 @@ class FlatAdam:
     def zero_grad(self) -> None:
         self.grads.zero_()
 
-    def clip_grad_norm_(self, parameters, max_norm: float) -> Tensor:
+    def clip_grad_norm_(self, parameters: Iterable[Tensor], max_norm: float) -> Tensor:
         """nn.utils.clip_grad_norm_ for `parameters`, which must be those this optimizer holds (the algorithms
         pass their model's): three calls on the flat gradient."""
-        norm = torch.linalg.vector_norm(self.grads)
+        norm: Tensor = torch.linalg.vector_norm(self.grads)
         self.grads.mul_((max_norm / (norm + 1e-6)).clamp_(max=1.0))
         return norm
 
@@ -69,7 +74,7 @@ class FlatAdam:
             maximize=False,
         )
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """torch.optim.Adam's state_dict for the same parameters, so either optimizer resumes the other's."""
         moments = zip(flat_views(self.exp_avg, self.owned), flat_views(self.exp_avg_sq, self.owned))
         step = self.steps.detach().cpu().clone()
@@ -81,7 +86,7 @@ class FlatAdam:
         }
         return {"state": state, "param_groups": [group]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state["param_groups"][0]["params"]
         if len(saved) != len(self.owned):
             raise ValueError(f"optimizer state for {len(saved)} parameters, the model has {len(self.owned)}")
@@ -108,10 +113,10 @@ class FlatAdams:
         self.lr, self.eps = lr, eps
         self.last: FlatAdam | None = None
 
-    def make(self, params: list[Tensor]) -> FlatAdam:
+    def make(self, params: list[nn.Parameter]) -> FlatAdam:
         self.last = FlatAdam(params, self.lr, self.eps)
         return self.last
 
-    def clip_grad_norm_(self, parameters: list[Tensor], max_norm: float) -> Tensor:
+    def clip_grad_norm_(self, parameters: list[nn.Parameter], max_norm: float) -> Tensor:
         assert self.last is not None, "clip_grad_norm_ before the optimizer was made"
         return self.last.clip_grad_norm_(parameters, max_norm)

@@ -12,11 +12,17 @@ reference ran it whole) and every later one runs A2CUnroll.forward."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlrun.algos import a2c as reference
-from rlrun.algos.a2c import A2CConfig, A2CUnroll
+from rlrun.algos.a2c import A2CUnroll
+from rlrun.algos.configs import A2CConfig
+from rlrun.algos.normalize import MeanAll
+from rlrun.envs.protocol import Episodes, VectorEnv
 from rlrun.fast.fused_ppo import (
     _heads_forward,
     distribution_backward,
@@ -34,40 +40,48 @@ NAME, REFERENCE = "fused A2C unroll", "algos/a2c.py"
 class FusedA2CUnroll(A2CUnroll):
     """A2CUnroll with the same constructor and forward, for models where fast.fused_ppo.fusable() holds."""
 
-    def __init__(self, model: ActorCritic, *args, **kwargs):
-        super().__init__(model, *args, **kwargs)
+    model: ActorCritic  # as A2CUnroll's, narrowed: the MLP actor-critic whose layers it fuses
+
+    def __init__(self, model: ActorCritic, cfg: A2CConfig, num_envs: int, obs_dtype: torch.dtype, mean_all: MeanAll):
+        super().__init__(model, cfg, num_envs, obs_dtype, mean_all)
         self.params = fused_params(model)
         self.policy = self.recorded = _Recorded(model, self.params)
         self.fused, self.checked = True, False  # whether it runs fused; whether it has checked itself
 
     @torch.no_grad()
-    def value_of(self, obs, envs=slice(None)) -> Tensor:
+    def value_of(self, obs: np.ndarray, envs: np.ndarray | slice = slice(None)) -> Tensor:
         """As the reference's, without the mode switch (rlrun's MLP behaves the same in both modes)."""
         if not self.fused:
             return super().value_of(obs, envs)
-        return self.policy(self.preprocess(obs), keep=False)[1]
+        value: Tensor = self.recorded(self.preprocess(obs), keep=False)[1]  # the policy, while fused
+        return value
 
-    def forward(self, envs, obs):
+    def forward(self, envs: VectorEnv, obs: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray, list[Episodes]]:
         if not self.checked and self._steps_aside(self._forward_difference(obs)):
             self.checked = True  # before it acted: the reference runs this unroll whole, and every later one
         if not self.fused:
             return super().forward(envs, obs)
-        self.policy.steps.clear()
+        steps = self.recorded.steps  # the policy's, while fused
+        steps.clear()
         with torch.no_grad():
             outs, values, actions, next_obs, episodes = self.run(envs, obs)
         advantages, returns = self.targets(values, next_obs)
         # The steps' rows in the unroll's [T, N] order: steps come in order, each step's groups in env order.
-        x = torch.cat([x for x, _ in self.policy.steps])
-        acts = [torch.cat([a[i] for _, a in self.policy.steps], dim=1) for i in range(len(self.policy.steps[0][1]))]
+        x = torch.cat([x for x, _ in steps])
+        acts = [torch.cat([a[i] for _, a in steps], dim=1) for i in range(len(steps[0][1]))]
         m = self.model
         flat = (outs.flatten(0, 1), values.flatten(), actions.flatten(0, 1), advantages.flatten(), returns.flatten())
+        loss: Tensor
+        stats: Tensor
         loss, stats = _FusedA2CLoss.apply(self.cfg, m.trunk.relu, x, acts, *flat, *self.params)
         if not self.checked:
             self.checked = True
             loss, stats, values = self._checked(loss, stats, values, x, *flat[2:])
         return loss, self.with_explained_variance(stats, values, returns), next_obs, episodes
 
-    def _checked(self, loss: Tensor, stats: Tensor, values: Tensor, x: Tensor, *rows: Tensor):
+    def _checked(
+        self, loss: Tensor, stats: Tensor, values: Tensor, x: Tensor, *rows: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """(loss, stats, values [T, N]): the fused ones, or the reference's on the same rows x [T * N, ...], with the
         same `rows` (actions, advantages, returns), if they differ in loss, stats or gradients."""
         ref_loss, ref_stats, ref_values = self._reference_loss(x, *rows)
@@ -82,14 +96,16 @@ class FusedA2CUnroll(A2CUnroll):
         return loss, stats, values
 
     @torch.no_grad()
-    def _forward_difference(self, obs) -> float:
+    def _forward_difference(self, obs: np.ndarray) -> float:
         """How far the fused forward is from the model's on the observations `obs` (before it acts on any)."""
         x = self.preprocess(obs)
         out, value = self.recorded(x, keep=False)
         ref_out, ref_value = self.model(x)
         return max(difference(out, ref_out), difference(value, ref_value))
 
-    def _reference_loss(self, x: Tensor, actions: Tensor, advantages: Tensor, returns: Tensor):
+    def _reference_loss(
+        self, x: Tensor, actions: Tensor, advantages: Tensor, returns: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """(loss, stats, values) of the reference on the unroll's rows x [T * N, ...], with its actions and targets."""
         out, values = self.model(x)
         log_probs, entropy = self.model.log_prob_entropy(out, actions)
@@ -110,7 +126,8 @@ class _Recorded(nn.Module):
     def __init__(self, model: ActorCritic, params: list[Tensor]):
         """`params` as fused_params(model): trunk, the four head tensors, log-std if Gaussian."""
         super().__init__()
-        self.model, self.steps = model, []
+        self.model = model
+        self.steps: list[tuple[Tensor, list[Tensor]]] = []  # (input [B, ...], trunk activations) of each call
         self.trunk = params[: len(params) - (4 if model.discrete else 5)]
         self.head = params[len(self.trunk) : len(self.trunk) + 4]
 
@@ -126,7 +143,19 @@ class _FusedA2CLoss(torch.autograd.Function):
     returns, *fused_params), every tensor over the unroll's T x N rows: A2C's loss (a2c_loss) and its gradient."""
 
     @staticmethod
-    def forward(ctx, cfg: A2CConfig, relu: bool, x, acts, out, values, actions, adv, returns, *params):
+    def forward(
+        ctx: Any,  # autograd's context: forward leaves what backward needs on it as attributes
+        cfg: A2CConfig,
+        relu: bool,
+        x: Tensor,
+        acts: list[Tensor],
+        out: Tensor,
+        values: Tensor,
+        actions: Tensor,
+        adv: Tensor,
+        returns: Tensor,
+        *params: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         n, discrete = len(x), len(params) % 2 == 0  # a Gaussian's log-std makes the count odd
         log_prob, neg_entropy_sum, ctx.dist = distribution_forward(out, actions, None if discrete else params[-1])
         error = values - returns
@@ -139,7 +168,7 @@ class _FusedA2CLoss(torch.autograd.Function):
         return loss, stats
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_stats):
+    def backward(ctx: Any, grad_loss: Tensor, _grad_stats: Tensor) -> tuple[Tensor | None, ...]:
         cfg = ctx.cfg
         x, acts, actions, adv, error, trunk, head = ctx.saved
         scale = grad_loss / len(x)  # every term is a mean over the unroll

@@ -7,18 +7,19 @@ reference if a change there is not made here as well."""
 from __future__ import annotations
 
 import functools
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.ppo import PPOConfig
+from rlrun.algos.configs import PPOConfig
 from rlrun.models.actor_critic import ActorCritic
 from rlrun.models.distributions import LOG_2PI
 from rlrun.models.encoders import TwinMLP
 
 
-def fusable(model: nn.Module) -> bool:
+def fusable(model: nn.Module) -> TypeGuard[ActorCritic]:
     """Whether the fused loss covers `model`: a feedforward actor-critic on separate MLP trunks, with a categorical
     or Gaussian policy (not MultiDiscrete's or MultiBinary's, whose gradients it does not write), without masks."""
     return (
@@ -49,7 +50,10 @@ class FusedPPOLearner(nn.Module):
         """(loss, stats) of a minibatch passed as PPOLearner.forward takes it (PPO.update passes keywords)."""
         m, b = self.model, minibatch
         inputs = (b["obs"], b["actions"], b["old_log_probs"], b["advantages"], b["returns"], b["old_values"])
-        return FusedPPOLoss.apply(self.cfg, m.trunk.relu, m.discrete, *inputs, *self.params)
+        loss_stats: tuple[Tensor, Tensor] = FusedPPOLoss.apply(
+            self.cfg, m.trunk.relu, m.discrete, *inputs, *self.params
+        )
+        return loss_stats
 
 
 def twin_mlp_forward(x: Tensor, params: list[Tensor], relu: bool) -> list[Tensor]:
@@ -76,7 +80,8 @@ def _activate(z: Tensor, relu: bool) -> Tensor:
 
 def _activation_backward(g: Tensor, a: Tensor, relu: bool) -> Tensor:
     """The gradient before the activation, from the gradient g after it and its output a."""
-    return torch.ops.aten.threshold_backward(g, a, 0) if relu else torch.ops.aten.tanh_backward(g, a)
+    g_in: Tensor = torch.ops.aten.threshold_backward(g, a, 0) if relu else torch.ops.aten.tanh_backward(g, a)
+    return g_in
 
 
 def _heads_forward(features: Tensor, head: list[Tensor]) -> tuple[Tensor, Tensor]:
@@ -99,7 +104,9 @@ def _trunk_backward(g: Tensor, x: Tensor, acts: list[Tensor], params: list[Tenso
     return [torch.bmm(g.transpose(1, 2), x.expand(2, *x.shape)).view(-1, x.shape[1]), g.sum(1).view(-1), *grads]
 
 
-def distribution_forward(out: Tensor, actions: Tensor, log_std: Tensor | None) -> tuple[Tensor, Tensor, tuple]:
+def distribution_forward(
+    out: Tensor, actions: Tensor, log_std: Tensor | None
+) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
     """(log pi(a|s) [B], sum over the batch of sum(p log p) (the negative entropy), what distribution_backward
     needs) from the policy head's output [B, A] (categorical logits; a Gaussian mean when log_std is given)."""
     if log_std is None:
@@ -115,7 +122,7 @@ def distribution_forward(out: Tensor, actions: Tensor, log_std: Tensor | None) -
 
 
 def distribution_backward(
-    dist: tuple, actions: Tensor, g_log_prob: Tensor, g_entropy: Tensor
+    dist: tuple[Tensor, ...], actions: Tensor, g_log_prob: Tensor, g_entropy: Tensor
 ) -> tuple[Tensor, list[Tensor]]:
     """(gradient of the policy head's output [B, A], [gradient of log_std] if Gaussian) of a loss whose gradient is
     g_log_prob [B] with respect to each log pi(a|s) and -g_entropy with respect to the mean entropy."""
@@ -152,8 +159,18 @@ class FusedPPOLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, cfg: PPOConfig, relu: bool, discrete: bool, x, actions, old_log_probs, adv, returns, old_values, *params
-    ):
+        ctx: Any,  # autograd's context: forward leaves what backward needs on it as attributes
+        cfg: PPOConfig,
+        relu: bool,
+        discrete: bool,
+        x: Tensor,
+        actions: Tensor,
+        old_log_probs: Tensor,
+        adv: Tensor,
+        returns: Tensor,
+        old_values: Tensor,
+        *params: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         n, n_trunk = len(x), len(params) - (4 if discrete else 5)
         trunk, head = list(params[:n_trunk]), list(params[n_trunk:])
         acts = twin_mlp_forward(x, trunk, relu)
@@ -192,7 +209,7 @@ class FusedPPOLoss(torch.autograd.Function):
         return loss, stats
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_stats):
+    def backward(ctx: Any, grad_loss: Tensor, _grad_stats: Tensor) -> tuple[Tensor | None, ...]:
         cfg = ctx.cfg
         x, actions, acts, trunk, head, surrogate_used, error = ctx.saved
         scale = grad_loss / len(x)  # every term is a mean over the minibatch

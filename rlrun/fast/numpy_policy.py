@@ -31,7 +31,8 @@ class NumpyPolicy:
         self.relu = model.trunk.relu
 
     def _activate(self, h: np.ndarray) -> np.ndarray:
-        return np.maximum(h, 0, out=h) if self.relu else np.tanh(h, out=h)
+        activated: np.ndarray = np.maximum(h, 0, out=h) if self.relu else np.tanh(h, out=h)
+        return activated
 
     def _forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         w, b = self.first

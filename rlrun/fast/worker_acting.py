@@ -8,16 +8,20 @@ PPO.collect_steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlrun.algos.ppo import PPO
 from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, observe_step
-from rlrun.envs.pool import WorkerContext, WorkerPool
-from rlrun.envs.protocol import Episodes
+from rlrun.config import ModelConfig
+from rlrun.envs.pool import WorkerPool
+from rlrun.envs.protocol import Episodes, JobContext, VectorEnv
 from rlrun.envs.ray_envs import RayEnvs
 from rlrun.envs.sync import step_results
 from rlrun.fast.flat_adam import flat_views
@@ -26,26 +30,32 @@ from rlrun.models import distributions as D
 
 # The rollout's arrays the workers write, [T, N, ...], under the names act_step and observe_step use.
 _WRITTEN = (*ACTED, "next_values", *STEPPED)
+# (model config, observation space, action space): what a worker builds its copy of the policy from (PPO.model_spec)
+ModelSpec = tuple[ModelConfig, gym.spaces.Box, gym.Space[Any]]
+# {name: (shape, dtype)} of the arrays a worker shares with the rank, as WorkerPool.share takes them
+Specs = dict[str, tuple[tuple[int, ...], np.dtype[Any]]]
 
 
 class WorkerActing:
     """Rank side: the arrays shared with the workers of `pool`, and collect steps run in them for `algo`."""
 
     def __init__(self, algo: PPO, pool: WorkerPool):
-        self.algo, self.pool = algo, pool
-        self.shared = {name: torch.from_numpy(a) for name, a in pool.share(_specs(algo)).items()}
+        self.algo, self.pool, self.model = algo, pool, _actor_critic(algo)
+        self.shared = {name: torch.from_numpy(a) for name, a in pool.share(_specs(algo, self.model)).items()}
         pool.run("building the policy", _build_policy, lambda _: (algo.model_spec,))
 
     def collect_steps(
-        self, envs: WorkerPool, obs: np.ndarray, cut: None = None
+        self, envs: VectorEnv, obs: np.ndarray, cut: Callable[[int], bool] | None = None
     ) -> tuple[np.ndarray, list[Episodes], int]:
         """PPO.collect_steps in the workers: the rollout from `obs` with the policy's current weights into
         algo.rollout (next_values holding V of the final observation where truncated). Returns the observations
         after it, the episodes that ended, in (step, env) order as the rank's loop lists them, and num_steps (a
-        rollout here is never cut short: accelerate does not choose this with preemption)."""
+        rollout here is never cut short: accelerate does not choose this with preemption, which passes `cut`)."""
         if envs is not self.pool:
             raise ValueError("worker acting runs on the worker pool it was set up for")
-        s, r, model = self.shared, self.algo.rollout, self.algo.model
+        if cut is not None:
+            raise ValueError("worker acting runs a rollout through: it cannot cut one short")
+        s, r, model = self.shared, self.algo.rollout, self.model
         s["weights"].copy_(nn.utils.parameters_to_vector(model.parameters()))
         num_steps, num_envs = r.values.shape
         s["noise"].copy_(_noise(model, s["noise"].shape))
@@ -62,23 +72,34 @@ class RayActing:
     whose weights reach it through Ray's object store once per rollout, and returns its rows as one object."""
 
     def __init__(self, algo: PPO, envs: RayEnvs):
-        self.algo, self.envs = algo, envs
-        envs.run("building the policy", _set_up_segments, lambda _: (algo.model_spec, _specs(algo)))
+        self.algo, self.envs, self.model = algo, envs, _actor_critic(algo)
+        envs.run("building the policy", _set_up_segments, lambda _: (algo.model_spec, _specs(algo, self.model)))
 
-    def collect_steps(self, envs: RayEnvs, obs: np.ndarray, cut: None = None) -> tuple[np.ndarray, list[Episodes], int]:
+    def collect_steps(
+        self, envs: VectorEnv, obs: np.ndarray, cut: Callable[[int], bool] | None = None
+    ) -> tuple[np.ndarray, list[Episodes], int]:
         """WorkerActing.collect_steps, each actor's rows of the rollout coming back as one object."""
         if envs is not self.envs:
             raise ValueError("acting in Ray actors runs on the actors it was set up for")
-        r, model = self.algo.rollout, self.algo.model
+        if cut is not None:
+            raise ValueError("acting in Ray actors runs a rollout through: it cannot cut one short")
+        r, model = self.algo.rollout, self.model
         num_steps, num_envs = r.values.shape
-        weights = envs.ray.put(nn.utils.parameters_to_vector(model.parameters()).detach().numpy())
+        weights = self.envs.ray.put(nn.utils.parameters_to_vector(model.parameters()).detach().numpy())
         noise = _noise(model, (num_steps, num_envs, model.policy_head.out_features)).numpy()
-        per_actor = envs.run("rollout", _segment, lambda sl: (weights, noise[:, sl], obs[sl], num_steps))
-        for (arrays, _, _), sl in zip(per_actor, envs.slices):
+        per_actor = self.envs.run("rollout", _segment, lambda sl: (weights, noise[:, sl], obs[sl], num_steps))
+        for (arrays, _, _), sl in zip(per_actor, self.envs.slices):
             for name in _WRITTEN:  # Ray's arrays are read-only views of its object store: copied in numpy
                 np.asarray(torch.as_tensor(getattr(r, name)))[:, sl] = arrays[name]
         episodes = [actor[1][t] for t in range(num_steps) for actor in per_actor]  # actors hold ascending envs
         return np.concatenate([last for _, _, last in per_actor]), episodes, num_steps
+
+
+def _actor_critic(algo: PPO) -> ActorCritic:
+    """algo's model, which the workers copy: accelerate chooses acting in workers for rlrun's own ActorCritic only."""
+    if not isinstance(algo.model, ActorCritic):
+        raise TypeError(f"acting in env workers copies an ActorCritic, not a {type(algo.model).__name__}")
+    return algo.model
 
 
 def _noise(model: ActorCritic, shape: tuple[int, ...]) -> Tensor:
@@ -87,7 +108,7 @@ def _noise(model: ActorCritic, shape: tuple[int, ...]) -> Tensor:
     return noise.exponential_() if model.discrete else noise.normal_()
 
 
-def _set_up_segments(w: WorkerContext, model_spec: tuple, specs: dict) -> None:
+def _set_up_segments(w: JobContext, /, model_spec: ModelSpec, specs: Specs) -> None:
     """In a Ray actor: its rows of the rollout arrays and noise ([T, N, ...] in `specs`), the weights, the policy
     over them."""
     torch.set_num_threads(1)
@@ -97,7 +118,9 @@ def _set_up_segments(w: WorkerContext, model_spec: tuple, specs: dict) -> None:
     _build_policy(w, model_spec)
 
 
-def _segment(w: WorkerContext, weights: np.ndarray, noise: np.ndarray, obs: np.ndarray, num_steps: int) -> tuple:
+def _segment(
+    w: JobContext, /, weights: np.ndarray, noise: np.ndarray, obs: np.ndarray, num_steps: int
+) -> tuple[dict[str, np.ndarray], list[Episodes], np.ndarray]:
     """In a Ray actor: its segment of the rollout from `obs`, acted with `weights`; (its rows of the arrays the
     rollout step wrote, the episodes that ended at each step, the observations after it)."""
     w.shared["weights"][:] = weights
@@ -107,7 +130,7 @@ def _segment(w: WorkerContext, weights: np.ndarray, noise: np.ndarray, obs: np.n
     return {name: w.shared[name] for name in _WRITTEN}, episodes, w.buffers["obs"].copy()
 
 
-def _build_policy(w: WorkerContext, spec: tuple) -> None:
+def _build_policy(w: JobContext, /, spec: ModelSpec) -> None:
     """In a worker: its copy of the policy, whose parameters are views of the shared weights."""
     with torch.device("meta"):  # no weights drawn (orthogonal init is a QR per layer) for the views to replace
         model = build_actor_critic(*spec)
@@ -129,10 +152,11 @@ def _act_with_noise(model: ActorCritic, obs: Tensor, noise: Tensor) -> tuple[Ten
 
 
 @torch.inference_mode()
-def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[Episodes]:
+def _rollout_in_worker(w: JobContext, /, num_steps: int) -> list[Episodes]:
     """In a worker: num_steps rollout steps of its envs, on its rows of the shared rollout. Returns the
     episodes that ended at each step."""
-    model, noise = w.memory["policy"], w.shared["noise"][:, w.rows]
+    model: ActorCritic = w.memory["policy"]  # _build_policy's
+    noise = w.shared["noise"][:, w.rows]
     out = SimpleNamespace(**{name: w.shared[name][:, w.rows] for name in _WRITTEN})
     envs = slice(0, w.rows.stop - w.rows.start)  # this worker's envs, in its rows of `out`
 
@@ -154,16 +178,16 @@ def _rollout_in_worker(w: WorkerContext, num_steps: int) -> list[Episodes]:
     return episodes
 
 
-def _specs(algo: PPO) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+def _specs(algo: PPO, model: ActorCritic) -> Specs:
     """(shape, dtype) of what a worker shares with the rank: the rollout arrays the rollout step writes and the
-    sampling noise, [T, N, ...], and the policy's weights, flat."""
-    r, model = algo.rollout, algo.model
+    sampling noise, [T, N, ...], and the policy's (`model`'s) weights, flat."""
+    r = algo.rollout
     specs = {name: _spec(torch.as_tensor(getattr(r, name))) for name in _WRITTEN}
-    specs["noise"] = ((*r.values.shape, model.policy_head.out_features), np.float32)
-    specs["weights"] = ((sum(p.numel() for p in model.parameters()),), np.float32)
+    specs["noise"] = ((*r.values.shape, model.policy_head.out_features), np.dtype(np.float32))
+    specs["weights"] = ((sum(p.numel() for p in model.parameters()),), np.dtype(np.float32))
     return specs
 
 
-def _spec(t: Tensor) -> tuple[tuple[int, ...], np.dtype]:
+def _spec(t: Tensor) -> tuple[tuple[int, ...], np.dtype[Any]]:
     """(shape, numpy dtype) of a rollout tensor, for WorkerPool.share."""
     return tuple(t.shape), torch.empty(0, dtype=t.dtype).numpy().dtype

@@ -5,6 +5,7 @@ Recurrent: encoder -> recurrent core -> the same heads, with the core's state pa
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -13,18 +14,18 @@ from torch import Tensor, nn
 
 from rlrun.config import RECURRENT_MODELS, ModelConfig
 from rlrun.models import distributions as D
-from rlrun.models.encoders import TwinMLP, build_encoder, encoder_name, layer_init
+from rlrun.models.encoders import Images, TwinMLP, build_encoder, encoder_name, layer_init
 from rlrun.models.recurrent import build_core, not_starts
 from rlrun.models.user import AsGiven, check_outputs, given_space, instantiate_network
 
 
-def image_parts(obs_space: gym.Space) -> tuple:
+def image_parts(obs_space: gym.Space[Any]) -> Images:
     """(offset, (C, H, W)) of the image keys laid flat in encoded Dict observations (rlrun.envs.spaces.EncodedBox's
     images; empty: none)."""
     return tuple(getattr(obs_space, "images", ()))
 
 
-def action_mask_size(obs_space: gym.Space) -> int:
+def action_mask_size(obs_space: gym.Space[Any]) -> int:
     """How many action-mask entries end the observations (rlrun.envs.spaces.EncodedBox's mask_size; 0: none)."""
     return int(getattr(obs_space, "mask_size", 0))
 
@@ -34,7 +35,7 @@ class _Policy(nn.Module):
     state-independent log-std), and what the algorithms ask of a feedforward actor-critic, whose
     forward(obs) -> (policy output, value)."""
 
-    def _init_distribution(self, action_space: gym.Space) -> int:
+    def _init_distribution(self, action_space: gym.Space[Any]) -> int:
         """Set up the distribution for `action_space`; returns the size of the policy output it takes: categorical
         logits (Discrete), independent categoricals' logits side by side (MultiDiscrete), Bernoulli logits
         (MultiBinary), or a Gaussian mean with a state-independent log-std (Box)."""
@@ -57,7 +58,7 @@ class _Policy(nn.Module):
         self.policy_size = out
         return out
 
-    def _init_mask(self, obs_space: gym.Space) -> None:
+    def _init_mask(self, obs_space: gym.Space[Any]) -> None:
         self.mask_size = action_mask_size(obs_space)
 
     def _masked(self, out: Tensor, obs: Tensor) -> Tensor:
@@ -67,7 +68,7 @@ class _Policy(nn.Module):
             return out
         return out.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
 
-    def _init_heads(self, features: int, action_space: gym.Space) -> None:
+    def _init_heads(self, features: int, action_space: gym.Space[Any]) -> None:
         self.policy_head = layer_init(nn.Linear(features, self._init_distribution(action_space)), gain=0.01)
         self.value_head = layer_init(nn.Linear(features, 1), gain=1.0)
 
@@ -99,7 +100,8 @@ class _Policy(nn.Module):
         return D.gaussian_log_prob(out, self.log_std, actions), D.gaussian_entropy(out, self.log_std)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self(obs)[1]
+        value: Tensor = self(obs)[1]
+        return value
 
     def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """(action [B] or [B, D], log-prob [B], value [B]) for a batch of observations."""
@@ -113,7 +115,7 @@ class _Policy(nn.Module):
 
 
 class ActorCritic(_Policy):
-    def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
+    def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space[Any]):
         super().__init__()
         images = image_parts(obs_space)
         name = encoder_name(cfg.name, obs_space.shape, obs_space.dtype, images)
@@ -142,7 +144,7 @@ class UserActorCritic(_Policy):
     ones as a dict of tensors (rlrun.models.user.AsGiven). Where the env gives action masks, illegal actions'
     logits are masked here, after the network."""
 
-    def __init__(self, net: nn.Module, action_space: gym.Space, obs_space: gym.Space):
+    def __init__(self, net: nn.Module, action_space: gym.Space[Any], obs_space: gym.Space[Any]):
         super().__init__()
         self.net = net
         self._init_distribution(action_space)
@@ -150,7 +152,7 @@ class UserActorCritic(_Policy):
         self.as_given = AsGiven(obs_space)
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        outputs = self.net(self.as_given(obs))
+        outputs: tuple[Tensor, Tensor] = self.net(self.as_given(obs))
         if not self.mask_size:  # as the network returns them, for check_outputs to judge
             return outputs
         out, value = outputs
@@ -165,7 +167,7 @@ class RecurrentActorCritic(_Policy):
     replays whole sequences [T, B] from their initial state, resetting where episodes start inside them.
     """
 
-    def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space):
+    def __init__(self, cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space[Any]):
         super().__init__()
         self._init_mask(obs_space)
         images = image_parts(obs_space)
@@ -208,7 +210,7 @@ class RecurrentActorCritic(_Policy):
 
 
 def build_actor_critic(
-    cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space
+    cfg: ModelConfig, obs_space: gym.spaces.Box, action_space: gym.Space[Any]
 ) -> ActorCritic | RecurrentActorCritic | UserActorCritic:
     if cfg._target_ is not None:
         net = instantiate_network(cfg, given_space(obs_space), action_space)

@@ -50,14 +50,14 @@ def gaussian_entropy(mean: Tensor, log_std: Tensor) -> Tensor:
 
 def multi_categorical_sample(logits: Tensor, sizes: list[int], deterministic: bool = False) -> Tensor:
     """One action per component of a MultiDiscrete space: logits [B, sum(sizes)] -> actions [B, len(sizes)]."""
-    parts = [torch.log_softmax(x, -1) for x in logits.split(sizes, -1)]
+    parts = [torch.log_softmax(x, -1) for x in torch.split(logits, sizes, -1)]
     return torch.stack([x.argmax(-1) if deterministic else categorical_sample(x) for x in parts], -1)
 
 
 def multi_categorical_log_prob_entropy(logits: Tensor, sizes: list[int], actions: Tensor) -> tuple[Tensor, Tensor]:
     """(log-prob [B], entropy [B]) of independent categoricals, summed over the components: logits
     [B, sum(sizes)], actions [B, len(sizes)] (any leading shape for B)."""
-    parts = [torch.log_softmax(x, -1) for x in logits.split(sizes, -1)]
+    parts = [torch.log_softmax(x, -1) for x in torch.split(logits, sizes, -1)]
     log_prob = sum(categorical_log_prob(x, actions[..., i]) for i, x in enumerate(parts))
     return log_prob, sum(categorical_entropy(x) for x in parts)
 

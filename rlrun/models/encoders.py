@@ -4,7 +4,8 @@ encoder per key for Dict observations with image keys (a CNN per image, concaten
 from __future__ import annotations
 
 import math
-from typing import cast
+from collections.abc import Sequence
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
@@ -12,9 +13,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+Layer = TypeVar("Layer", nn.Linear, nn.Conv2d)  # what layer_init initializes, and returns as it was given
+# (offset, (C, H, W)) of each image key laid flat in encoded Dict observations (rlrun.envs.spaces.EncodedBox.images)
+Images = Sequence[tuple[int, Sequence[int]]]
 
 
-def layer_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
+def layer_init(layer: Layer, gain: float = math.sqrt(2), bias: float = 0.0) -> Layer:
     """Orthogonal weights and constant bias, as in the PPO implementation details (Huang et al. 2022)."""
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.constant_(layer.bias, bias)
@@ -97,7 +101,8 @@ class NatureCNN(nn.Module):
         # on the whole batch. (.float() keeps the frames' memory layout, channels-last or not.)
         first = cast(nn.Conv2d, self.conv[0])
         h = F.conv2d(x.float(), first.weight / 255.0, first.bias, first.stride, first.padding)
-        return self.fc(self.conv[1:](h))
+        features: Tensor = self.fc(self.conv[1:](h))
+        return features
 
 
 class SmallCNN(nn.Module):
@@ -114,7 +119,8 @@ class SmallCNN(nn.Module):
         self.fc = nn.Sequential(layer_init(nn.Linear(channels * h * w, hidden)), nn.ReLU())
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc(self.conv(x.float() / 255.0))
+        features: Tensor = self.fc(self.conv(x.float() / 255.0))
+        return features
 
 
 class CombinedEncoder(nn.Module):
@@ -124,7 +130,7 @@ class CombinedEncoder(nn.Module):
     entries (one-hots, vectors, the action mask) as they are, then the MLP. SB3's CombinedExtractor, with the
     policy's MLP on top."""
 
-    def __init__(self, size: int, images, hidden_sizes: list[int], activation: str):
+    def __init__(self, size: int, images: Images, hidden_sizes: list[int], activation: str):
         super().__init__()
         self.images = [(int(offset), tuple(int(n) for n in chw)) for offset, chw in images]
         self.cnns = nn.ModuleList(cnn(chw, hidden_sizes[-1]) for _, chw in self.images)
@@ -144,7 +150,8 @@ class CombinedEncoder(nn.Module):
         x = x.float()
         parts = [net(x[:, o : o + math.prod(chw)].view(-1, *chw)) for net, (o, chw) in zip(self.cnns, self.images)]
         parts += [x[:, start:end] for start, end in self.rest]
-        return self.mlp(torch.cat(parts, 1))
+        features: Tensor = self.mlp(torch.cat(parts, 1))
+        return features
 
 
 def cnn(chw: tuple[int, int, int], hidden: int) -> nn.Module:
@@ -153,7 +160,7 @@ def cnn(chw: tuple[int, int, int], hidden: int) -> nn.Module:
     return NatureCNN(c, hidden, h, w) if min(h, w) >= NatureCNN.MIN_SIZE else SmallCNN(c, hidden, h, w)
 
 
-def encoder_name(name: str, shape: tuple[int, ...], dtype: np.dtype, images=()) -> str:
+def encoder_name(name: str, shape: tuple[int, ...], dtype: np.dtype, images: Images = ()) -> str:
     """The encoder a model named `name` gets for observations of `shape` and `dtype`: images (uint8 [C, H, W])
     get a CNN whatever the model (mlp, or a recurrent model's mlp encoder): the Nature CNN where they are large
     enough for it, else the small one; encoded Dict observations with image keys at `images` one encoder per key
@@ -172,7 +179,7 @@ def observation_dtype(shape: tuple[int, ...], dtype: np.dtype) -> torch.dtype:
     return torch.uint8 if np.dtype(dtype) == np.uint8 and len(shape) == 3 else torch.float32
 
 
-def build_encoder(name: str, obs_shape: tuple[int, ...], hidden_sizes: list[int], activation: str, images=()):
+def build_encoder(name: str, obs_shape: tuple[int, ...], hidden_sizes: list[int], activation: str, images: Images = ()):
     """(encoder, feature size) for the model named in config (`images`: for "combined", CombinedEncoder's)."""
     if name == "combined":
         encoder = CombinedEncoder(math.prod(obs_shape), images, hidden_sizes, activation)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 from torch import Tensor, nn
 
@@ -27,7 +29,7 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         x = self.encoder(obs)
-        q = self.head(x)
+        q: Tensor = self.head(x)
         if self.value is not None:
             q = self.value(x) + q - q.mean(-1, keepdim=True)
         if self.mask_size:
@@ -39,21 +41,21 @@ class UserQNetwork(nn.Module):
     """A user's Q-network (model._target_) given Dict and Tuple observations as the env gives them (a dict of
     tensors, rlrun.models.user.AsGiven), with illegal actions' Q-values masked after it where the env gives masks."""
 
-    def __init__(self, net: nn.Module, obs_space: gym.Space):
+    def __init__(self, net: nn.Module, obs_space: gym.Space[Any]):
         super().__init__()
         self.net = net
         self.as_given = AsGiven(obs_space)
         self.mask_size = action_mask_size(obs_space)
 
     def forward(self, obs: Tensor) -> Tensor:
-        q = self.net(self.as_given(obs))
+        q: Tensor = self.net(self.as_given(obs))
         if self.mask_size:
             q = q.masked_fill(obs[..., -self.mask_size :] < 0.5, -1e9)
         return q
 
 
 def build_q_network(
-    cfg: ModelConfig, obs_space: gym.Space, action_space: gym.spaces.Discrete, dueling: bool
+    cfg: ModelConfig, obs_space: gym.Space[Any], action_space: gym.spaces.Discrete, dueling: bool
 ) -> nn.Module:
     """rlrun's QNetwork, or the user's network (model._target_), whose forward returns Q-values [B, A]: as it is
     for observations it takes as they come, in a UserQNetwork for Dict/Tuple observations and action masks."""

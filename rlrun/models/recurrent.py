@@ -148,7 +148,8 @@ class LRUCore(nn.Module):
         return a, bx
 
     def _readout(self, h: Tensor, x: Tensor) -> Tensor:
-        return self.mlp(h.real @ self.C_re.T - h.imag @ self.C_im.T + self.D * x)
+        features: Tensor = self.mlp(h.real @ self.C_re.T - h.imag @ self.C_im.T + self.D * x)
+        return features
 
     def _complex(self, state: Tensor) -> Tensor:
         return torch.view_as_complex(state.reshape(*state.shape[:-1], self.size, 2).contiguous())

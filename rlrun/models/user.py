@@ -20,7 +20,7 @@ from rlrun.errors import UserError
 from rlrun.models.encoders import observation_dtype
 
 
-def instantiate_network(cfg: ModelConfig, observation_space: gym.Space, action_space: gym.Space) -> nn.Module:
+def instantiate_network(cfg: ModelConfig, observation_space: gym.Space[Any], action_space: gym.Space[Any]) -> nn.Module:
     """`cfg._target_(observation_space=..., action_space=..., **cfg.kwargs)`, as Hydra's instantiate calls a target
     (the kwargs as plain values); modules in the working directory can be named, as for `python -m`. A target that
     cannot be imported or called, or that gives no torch module, is a UserError with one line."""
@@ -47,13 +47,13 @@ def instantiate_network(cfg: ModelConfig, observation_space: gym.Space, action_s
     return net
 
 
-def given_space(obs_space: gym.Space) -> gym.Space:
+def given_space(obs_space: gym.Space[Any]) -> gym.Space[Any]:
     """The observation space a user's network is built with and reads: the env's Dict (or Tuple, as a Dict with
     keys "0", "1", ...) where rlrun encodes one (rlrun.envs.spaces.EncodedBox's `given`), else `obs_space`."""
     return getattr(obs_space, "given", None) or obs_space
 
 
-def _torch_dtype(space: gym.Space) -> torch.dtype:
+def _torch_dtype(space: gym.Space[Any]) -> torch.dtype:
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         return torch.int64
     if np.issubdtype(space.dtype, np.floating):
@@ -61,7 +61,7 @@ def _torch_dtype(space: gym.Space) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, space.dtype)).dtype
 
 
-def _leaf(x: Tensor, space: gym.Space) -> Tensor:
+def _leaf(x: Tensor, space: gym.Space[Any]) -> Tensor:
     """One leaf of encoded observations x [..., size] as the env gives it (indices for Discrete and MultiDiscrete,
     images in the env's own layout, the space's shape and dtype)."""
     lead = x.shape[:-1]
@@ -82,7 +82,7 @@ class AsGiven:
     """Encoded observations [..., size] back into the dict of tensors the env gives (nested Dicts as nested dicts),
     for users' own networks; identity for observations rlrun passes as they are (Box, frames)."""
 
-    def __init__(self, obs_space: gym.Space):
+    def __init__(self, obs_space: gym.Space[Any]):
         self.layout = tuple(getattr(obs_space, "layout", ()))  # EncodedBox's, for Dict and Tuple observations
 
     def __bool__(self) -> bool:
@@ -102,18 +102,18 @@ class AsGiven:
         return out
 
 
-def _flat_size(space: gym.Space) -> int:
+def _flat_size(space: gym.Space[Any]) -> int:
     return int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape))
 
 
-def _describe(obs: Tensor | dict) -> str:
+def _describe(obs: Tensor | dict[str, Any]) -> str:
     """obs [2, 4] float32, or {'direction': [2] int64, 'image': [2, 7, 7, 3] uint8}, for error lines."""
     if isinstance(obs, Tensor):
         return f"{list(obs.shape)} {obs.dtype}"
     return "{" + ", ".join(f"'{k}': {_describe(v)}" for k, v in obs.items()) + "}"
 
 
-def check_outputs(net: nn.Module, target: str, obs_space: gym.Space, expected: dict[str, tuple[int, ...]]) -> None:
+def check_outputs(net: nn.Module, target: str, obs_space: gym.Space[Any], expected: dict[str, tuple[int, ...]]) -> None:
     """Run `net` (rlrun's wrapper of the user's network, which hands it the observation as the env gives it) on a
     batch of 2 sample observations (eval mode, no gradient) and check it returns tensors of the `expected` shapes
     ({name: shape}, in order; one name: a tensor, several: a tuple)."""

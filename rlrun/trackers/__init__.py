@@ -10,9 +10,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlrun.run_folder import writing
+
+if TYPE_CHECKING:  # annotations only: importing the schemas would bring omegaconf into every tracker's import
+    from rlrun.config import LoggingConfig
 
 log = logging.getLogger("rlrun")
 
@@ -29,42 +32,44 @@ class RunIdentity:
     overrides: tuple[str, ...]
     group: str | None  # the sweep folder (DATE/TIME) of a Hydra multirun's job
     total_steps: int
-    resumed: dict  # this folder's STATE_FILE: {tracker: {"id": ...}} of the tracked runs that already exist
-    branched_from: dict  # the origin folder's STATE_FILE, when this run continues an older checkpoint of it
+    resumed: dict[str, Any]  # this folder's STATE_FILE: {tracker: {"id": ...}} of the tracked runs that already exist
+    branched_from: dict[str, Any]  # the origin folder's STATE_FILE, when this run continues an older checkpoint of it
 
     def resumed_id(self, tracker: str) -> str | None:
-        return self.resumed.get(tracker, {}).get("id")
+        found: str | None = self.resumed.get(tracker, {}).get("id")
+        return found
 
     def origin_id(self, tracker: str) -> str | None:
-        return self.branched_from.get(tracker, {}).get("id")
+        found: str | None = self.branched_from.get(tracker, {}).get("id")
+        return found
 
 
 class Tracker(Protocol):
     name: str
 
-    def start(self, config: dict, run: RunIdentity) -> str:
+    def start(self, config: dict[str, Any], run: RunIdentity) -> str:
         """Create or continue the tracked run (config logged only when it is new); returns its id."""
 
     def log(self, metrics: dict[str, float], env_steps: int) -> None: ...
 
     def tag(self, key: str, value: str) -> None: ...
 
-    def summary(self, summary: dict) -> None: ...
+    def summary(self, summary: dict[str, Any]) -> None: ...
 
     def close(self, status: str) -> None:
         """status: completed | interrupted | failed (summary.json's)."""
 
 
-def tracker(name: str, settings) -> Tracker:
-    """The tracker `name` of logging.trackers, with its section (logging.wandb, logging.mlflow). Imported only here:
-    a run without trackers never imports their packages."""
+def tracker(name: str, c: LoggingConfig) -> Tracker:
+    """The tracker `name` of logging.trackers (`c`: logging), with its section (logging.wandb, logging.mlflow).
+    Imported only here: a run without trackers never imports their packages."""
     if name == "wandb":
         from rlrun.trackers.wandb_tracker import WandbTracker
 
-        return WandbTracker(settings)
+        return WandbTracker(c.wandb)
     from rlrun.trackers.mlflow_tracker import MlflowTracker
 
-    return MlflowTracker(settings)
+    return MlflowTracker(c.mlflow)
 
 
 def sweep_of(run_dir: Path) -> tuple[str | None, list[str]]:
@@ -87,7 +92,7 @@ def sweep_of(run_dir: Path) -> tuple[str | None, list[str]]:
 class Trackers:
     """The run's trackers, each started at once; a tracker that raises is reported once and left out."""
 
-    def __init__(self, trackers: list[Tracker], config: dict, run: RunIdentity, logged_until: int):
+    def __init__(self, trackers: list[Tracker], config: dict[str, Any], run: RunIdentity, logged_until: int):
         """`logged_until`: the last env step the run folder's earlier sessions logged (its trackers got it too)."""
         self.run_dir, self.logged_until = run.run_dir, logged_until
         self.hparams = hparams(config)  # for TensorBoard's HParams, which RunLogger writes beside its scalars
@@ -119,7 +124,7 @@ class Trackers:
         for t in list(self.active):
             self._call(t, "log", metrics, env_steps)
 
-    def summary(self, summary: dict) -> None:
+    def summary(self, summary: dict[str, Any]) -> None:
         for t in list(self.active):
             self._call(t, "summary", summary)
 
@@ -155,7 +160,7 @@ def _close_quietly(t: Tracker) -> None:
         pass
 
 
-def read_state(run_dir: Path) -> dict:
+def read_state(run_dir: Path) -> dict[str, Any]:
     path = run_dir / STATE_FILE
     try:
         return json.loads(path.read_text()) if path.exists() else {}
@@ -163,7 +168,7 @@ def read_state(run_dir: Path) -> dict:
         return {}
 
 
-def flat(d: dict, prefix: str = "") -> dict[str, object]:
+def flat(d: dict[str, Any], prefix: str = "") -> dict[str, object]:
     """A nested config as dotted keys (algo.lr), as a tracker's params."""
     out: dict[str, object] = {}
     for key, value in d.items():
@@ -175,19 +180,19 @@ def flat(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def hparams(config: dict) -> dict[str, float | int | str | bool]:
+def hparams(config: dict[str, Any]) -> dict[str, float | int | str | bool]:
     """The config's scalars as dotted keys (algo.lr, env.num_envs, seed): the run's hyperparameters in TensorBoard's
     HParams (lists and unset values left out: HParams takes numbers, strings and booleans only)."""
     return {k: v for k, v in flat(config).items() if isinstance(v, (int, float, str, bool))}
 
 
-def scalars(summary: dict) -> dict[str, float]:
+def scalars(summary: dict[str, Any]) -> dict[str, float]:
     """A summary's top-level numbers (final eval, SPS, env steps), as a tracker's summary metrics."""
     return {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def opener(
-    c, config_yaml: str, run_dir: Path, overrides: tuple[str, ...], total_steps: int, origin: Path | None
+    c: LoggingConfig, config_yaml: str, run_dir: Path, overrides: tuple[str, ...], total_steps: int, origin: Path | None
 ) -> Callable[[int], Trackers]:
     """What opens logging.trackers (`c`: logging) for RunLogger, given the last env step the run folder logged
     before; without trackers it opens none but still carries the config's HParams for TensorBoard. `origin`: the
@@ -199,8 +204,8 @@ def opener(
     # A sweep's job is named by what differs between its jobs: its overrides that are not the sweep's own
     # (seed=3 of seed=3,4; an Optuna sweeper's choices).
     # (Hydra escapes a job's override values, sqlite\\:///..., where multirun.yaml keeps the sweep's as typed.)
-    common = {o.replace("\\", "") for o in common}
-    own = [o for o in shown if o.replace("\\", "") not in common] if group else list(shown)
+    unescaped = {o.replace("\\", "") for o in common}
+    own = [o for o in shown if o.replace("\\", "") not in unescaped] if group else list(shown)
     run = RunIdentity(
         run_dir=run_dir,
         name=" ".join(own) or run_dir.name,
@@ -211,5 +216,4 @@ def opener(
         branched_from=read_state(origin) if origin is not None else {},
     )
     config = yaml.safe_load(config_yaml)
-    settings = {"wandb": c.wandb, "mlflow": c.mlflow}
-    return lambda logged_until: Trackers([tracker(n, settings[n]) for n in c.trackers], config, run, logged_until)
+    return lambda logged_until: Trackers([tracker(n, c) for n in c.trackers], config, run, logged_until)

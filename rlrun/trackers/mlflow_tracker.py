@@ -10,9 +10,13 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from rlrun.trackers import RunIdentity, flat, scalars
+
+if TYPE_CHECKING:
+    from rlrun.config import MlflowConfig
 
 # A tracking server that stops answering must not hold training for minutes of retries (MLflow's defaults: 7
 # retries with exponential back-off, 120 s per request): a few seconds, then the tracker is reported and left out.
@@ -30,12 +34,12 @@ _BATCH = 100  # MLflow takes at most 100 params (and 1000 metrics) per log_batch
 class MlflowTracker:
     name = "mlflow"
 
-    def __init__(self, settings):
+    def __init__(self, settings: MlflowConfig) -> None:
         self.settings = settings  # logging.mlflow
         self.client: MlflowClient | None = None
         self.run_id: str | None = None
 
-    def start(self, config: dict, run: RunIdentity) -> str:
+    def start(self, config: dict[str, Any], run: RunIdentity) -> str:
         _check_reachable(self.settings.tracking_uri)
         self.run_id = run.resumed_id(self.name)
         with _store_lock(self.settings.tracking_uri):  # the client opens (on first use, makes) the store
@@ -64,7 +68,7 @@ class MlflowTracker:
     def tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, f"rlrun.{key}", value)
 
-    def summary(self, summary: dict) -> None:
+    def summary(self, summary: dict[str, Any]) -> None:
         now, step = int(time.time() * 1000), int(summary.get("env_steps") or 0)
         points = [Metric(f"summary/{k}", v, now, step) for k, v in scalars(summary).items()]
         tags = [RunTag("rlrun.status", str(summary.get("status")))]

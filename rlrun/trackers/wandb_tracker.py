@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 from pathlib import Path
+from typing import Any
 
 import wandb
 
@@ -23,7 +24,7 @@ class WandbTracker:
         self.settings = settings  # logging.wandb
         self.run = None
 
-    def start(self, config: dict, run: RunIdentity) -> str:
+    def start(self, config: dict[str, Any], run: RunIdentity) -> str:
         s = self.settings
         resumed = run.resumed_id(self.name)
         tags = [*s.tags, *(o[:64] for o in run.overrides)]  # W&B refuses a tag over 64 characters
@@ -54,7 +55,7 @@ class WandbTracker:
     def tag(self, key: str, value: str) -> None:
         self.run.tags = (*self.run.tags, f"{key}:{value}"[:64])
 
-    def summary(self, summary: dict) -> None:
+    def summary(self, summary: dict[str, Any]) -> None:
         self.run.summary.update(scalars(summary) | {"status": summary.get("status")})
 
     def close(self, status: str) -> None:
