@@ -34,7 +34,7 @@ test: typecheck
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m serial --durations=10
 
 test-fast: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not dist"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist loadfile -m "not slow and not dist"
 
 # The long learning checks (runs to a learned result, repeated-run stress): bench/learning/, not part of `make test`.
 learning: $(STAMP)
