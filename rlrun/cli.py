@@ -85,6 +85,19 @@ def _job_config(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> tup
     return typed, to_yaml(replace(typed, resume=None)), state
 
 
+def _failure(e: Exception, known: tuple[str, int] | None) -> str:
+    """What a sweep's job failed of: rlrun's own line for an error it explains, else the exception's type and text."""
+    return known[0] if known else f"{type(e).__name__}: {e}"
+
+
+def _record_failed(run_dir: Path, message: str, overrides: list[str]) -> None:
+    """A failed sweep job's summary.json, which lets the sweep go on and `rlrun report` show why."""
+    summary = run_dir / "summary.json"
+    if not summary.exists():  # the run's own record stands: a failed training run's, or a failed resume's run's
+        with contextlib.suppress(OSError):  # a full disk: the error line already said why
+            summary.write_text(json.dumps({"status": "failed", "error": message, "overrides": overrides}, indent=2))
+
+
 def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
     from rlrun.distributed import from_env, launched_externally
     from rlrun.launch import launch, setup_rank_logging
@@ -151,13 +164,9 @@ def train_app(cfg: DictConfig) -> float | None:
                 raise
             fail(*known)
         # One job of a sweep: record why it failed and let the sweep go on (a sweeper sees nan).
-        message = known[0] if known else f"{type(e).__name__}: {e}"
+        message = _failure(e, known)
         logging.getLogger("rlrun").error("job %s failed: %s", hc.job.num, message)
-        failed = {"status": "failed", "error": message, "overrides": overrides}
-        summary = run_dir / "summary.json"
-        if not summary.exists():  # the run's own record stands: a failed training run's, or a failed resume's run's
-            with contextlib.suppress(OSError):  # a full disk: the line above said why
-                summary.write_text(json.dumps(failed, indent=2))
+        _record_failed(run_dir, message, overrides)
         return float("nan")
     if summary is None:  # a node without rank 0
         return None
@@ -216,16 +225,10 @@ def train_seed_jobs(jobs: list[SeedJob]) -> list[float]:
         with user_errors():
             summaries = train_seeds(runs)
     except Exception as e:
-        known = _known_error(e)
-        message = known[0] if known else f"{type(e).__name__}: {e}"
+        message = _failure(e, _known_error(e))
         logging.getLogger("rlrun").error("batch of %d seeds failed: %s", len(jobs), message)
         for job in jobs:
-            summary = job.run_dir / "summary.json"
-            if not summary.exists():
-                with contextlib.suppress(OSError):
-                    summary.write_text(
-                        json.dumps({"status": "failed", "error": message, "overrides": list(job.overrides)}, indent=2)
-                    )
+            _record_failed(job.run_dir, message, list(job.overrides))
         return [float("nan")] * len(jobs)
     finally:
         for job in jobs:
