@@ -1,21 +1,25 @@
 """`make gpu-check`: on a machine with CUDA, one short run of each algorithm family on the GPU (1 rank, and 2
-ranks with nccl when 2 GPUs exist), each followed by an exact-resume check (N steps resumed for N more against
-2N straight, parameters compared), printed as a table. Where there is no GPU it says so and exits 0.
+ranks with nccl when 2 GPUs exist), each followed by an exact-resume check (a copy of the run folder without its
+final checkpoint resumed from step N to 2N, its final parameters compared with the run's), printed as a table; and
+two PPO seeds in one batched learner. Where there is no GPU it says so and exits 0.
 
-    make gpu-check            # or: .venv/bin/python bench/gpu_check.py
+    make gpu-check            # or: .venv/bin/python bench/gpu_check.py  (GPU_CHECK_JOBS=N: N cases at once)
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+SPACES = ["env.imports=[tests.data.spaces_envs]", "env.num_envs=4", "algo.num_steps=32"]
 CASES = {
     "ppo mlp cartpole": ["algo=ppo", "env=cartpole"],
     "ppo normalize_obs acrobot": ["algo=ppo", "env=acrobot"],
@@ -28,17 +32,26 @@ CASES = {
     "a2c cnn breakout": ["algo=a2c", "env=breakout", "env.vector.backend=sync", "env.num_envs=4"],
     # A user's network with BatchNorm: SyncBatchNorm over nccl with 2 GPUs.
     "a2c user batchnorm": ["algo=a2c", "env=cartpole", "model._target_=tests.data.user_nets.BatchNormNet"],
+    # Any env's spaces (tests/data/spaces_envs.py): masks in a Dict observation with an LSTM, masked DQN, HWC frames
+    # (the small CNN), MultiDiscrete and MultiBinary actions, a user's network reading a Dict's keys.
+    "ppo masked dict lstm": [*SPACES, "env.id=Masked-v0", "model=lstm", "algo.num_minibatches=2"],
+    "dqn masked": [SPACES[0], "algo=dqn", "env.id=MaskedMethod-v0", "env.num_envs=1", "algo.learning_starts=512"],
+    "ppo hwc frames": [*SPACES, "env.id=Frames-v0"],
+    "ppo multidiscrete": [*SPACES, "env.id=TargetMD-v0"],
+    "a2c multibinary": [*SPACES, "algo=a2c", "env.id=TargetMB-v0"],
+    "ppo user dict net": [*SPACES, "env.id=Compass-v0", "model._target_=tests.data.spaces_envs.CompassNet"],
 }
 STEPS = 4096
-COMMON = ["device=cuda", "logging.progress=none", "eval.every_steps=0", "eval.episodes=2", "eval.num_envs=2"]
+DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")  # cpu: a dry run of the cases where there is no GPU
+COMMON = [f"device={DEVICE}", "logging.progress=none", "eval.every_steps=0", "eval.episodes=2", "eval.num_envs=2"]
 
 
-def run(folder: Path, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+def run(folder: Path, args: list[str], timeout: float = 900, multirun: bool = False) -> subprocess.CompletedProcess:
     repo = str(Path(__file__).resolve().parent.parent)  # tests.data.user_nets, for the user-network case
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
     )
-    cmd = [sys.executable, "-m", "rlrun", "train", *COMMON, *args]
+    cmd = [sys.executable, "-m", "rlrun", "train", *(["-m"] if multirun else []), *COMMON, *args]
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -48,38 +61,73 @@ def final_params(run_dir: Path) -> dict:
 
 
 def check(name: str, args: list[str], ranks: int, folder: Path) -> tuple[str, str, str]:
-    """(status, seconds, resume result) of one case."""
+    """(status, seconds, resume result) of one case: a run of 2N steps with a checkpoint at N, then a copy of its
+    folder without the final checkpoint resumed to 2N, as tests/runs/test_distributed.py checks exact resume."""
     dist = [f"distributed.nproc_per_node={ranks}"] if ranks > 1 else []
+    off_policy = any(a in args for a in ("algo=dqn", "algo=sac", "algo=td3"))
+    keep = ["checkpoint.keep_last=5", *(["algo.replay.checkpoint=true"] if off_policy else [])]
     steps = STEPS * ranks
     start = time.monotonic()
     full = folder / f"{name.replace(' ', '_')}_{ranks}_full"
-    out = run(folder, [*args, *dist, f"total_steps={2 * steps}", f"hydra.run.dir={full}"])
+    every = [f"total_steps={2 * steps}", f"checkpoint.every_steps={steps}", *keep]
+    out = run(folder, [*args, *dist, *every, f"hydra.run.dir={full}"])
     if out.returncode != 0:
         return "FAILED: " + out.stderr.strip().splitlines()[-1], f"{time.monotonic() - start:.0f}", "-"
     seconds = f"{time.monotonic() - start:.0f}"
+    last = sorted((full / "checkpoints").glob("ckpt_*.pt"))[-1]
     part = folder / f"{name.replace(' ', '_')}_{ranks}_part"
-    out = run(folder, [*args, *dist, f"total_steps={steps}", f"hydra.run.dir={part}"])
-    if out.returncode == 0:
-        out = run(folder, [f"resume={part}", f"total_steps={2 * steps}"])
+    shutil.copytree(full, part)
+    (part / "checkpoints" / last.name).unlink()
+    for shard in (part / "checkpoints").glob(f"shard_{last.stem[len('ckpt_') :]}_*.pt"):
+        shard.unlink()
+    out = run(folder, [f"resume={part}"])
     if out.returncode != 0:
         return "ok", seconds, "resume FAILED: " + out.stderr.strip().splitlines()[-1]
     a, b = final_params(full), final_params(part)
     diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-    return "ok", seconds, "exact" if diff == 0 else f"max |diff| {diff:.2e} (GPU kernels are not all deterministic)"
+    return "ok", seconds, "exact" if diff == 0 else f"max |diff| {diff:.2e}"
+
+
+def check_batched(folder: Path) -> tuple[str, str, str, str, str]:
+    """Two PPO seeds in one batched learner on the GPU (hydra/launcher=batched): both folders complete."""
+    start = time.monotonic()
+    sweep = folder / "batched"
+    args = [
+        "seed=0,1",
+        "hydra/launcher=batched",
+        f"total_steps={STEPS}",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    out = run(folder, args, multirun=True)
+    seconds = f"{time.monotonic() - start:.0f}"
+    if out.returncode != 0:
+        return "ppo batched seeds", "1", "FAILED: " + out.stderr.strip().splitlines()[-1], seconds, "-"
+    import json
+
+    status = [json.loads((sweep / str(i) / "summary.json").read_text())["status"] for i in range(2)]
+    ok = status == ["completed", "completed"]
+    return "ppo batched seeds", "1", "ok" if ok else f"FAILED: {status}", seconds, "-"
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         print("gpu-check: skipped: no CUDA device visible to torch (this machine has none).")
         return 0
     gpus = torch.cuda.device_count()
-    print(f"gpu-check: {gpus} GPU(s): {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for ranks in [1, 2] if gpus >= 2 else [1]:
-            for name, args in CASES.items():
-                rows.append((name, ranks, *check(name, args, ranks, Path(tmp))))
-                print(f"  {name:<28} ranks={ranks}  {rows[-1][2]}  {rows[-1][3]} s  resume: {rows[-1][4]}", flush=True)
+    name = torch.cuda.get_device_name(0) if gpus else "none (a dry run on the CPU)"
+    print(f"gpu-check: {gpus} GPU(s): {name}; torch {torch.__version__}")
+    jobs = int(os.environ.get("GPU_CHECK_JOBS", "1"))  # cases run side by side (each its own processes)
+    rows: list[tuple] = []
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(jobs) as pool:
+        todo = [(name, args, ranks) for ranks in ([1, 2] if gpus >= 2 else [1]) for name, args in CASES.items()]
+        futures = [pool.submit(lambda c: (c[0], c[2], *check(c[0], c[1], c[2], Path(tmp))), c) for c in todo]
+        futures.append(pool.submit(check_batched, Path(tmp)))
+        for future in futures:
+            rows.append(future.result())
+            print(
+                f"  {rows[-1][0]:<28} ranks={rows[-1][1]}  {rows[-1][2]}  {rows[-1][3]} s  resume: {rows[-1][4]}",
+                flush=True,
+            )
     print("\n| case | ranks | run | seconds | resume |\n|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(str(x) for x in row) + " |")
