@@ -4,6 +4,7 @@ forked pool and the Ray actors both are (JobRunner: a function run on every work
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, Protocol
 
@@ -23,14 +24,19 @@ class EndedEpisodes(NamedTuple):
 
     @classmethod
     def none(cls, num_envs: int) -> EndedEpisodes:
-        """No episode ended among `num_envs` envs."""
+        """No episode ended among `num_envs` envs (read-only arrays, shared: most steps end no episode)."""
+        return _no_episodes(num_envs)
+
+    @classmethod
+    def zeros(cls, num_envs: int) -> EndedEpisodes:
+        """Arrays for `num_envs` envs to mark the episodes that ended in."""
         return cls(np.zeros(num_envs, dtype=bool), np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64))
 
     @classmethod
     def of_infos(cls, infos: Sequence[dict[str, Any]]) -> EndedEpisodes:
         """The episodes that ended, from the per-env infos of one step with SAME_STEP autoreset: an env whose episode
         ended has its last step's info under "final_info", where RecordEpisodeStatistics put "episode" {r, l}."""
-        out = cls.none(len(infos))
+        out = cls.zeros(len(infos))
         for i, info in enumerate(infos):
             episode = info.get("final_info", {}).get("episode")
             if episode is not None:
@@ -39,12 +45,25 @@ class EndedEpisodes(NamedTuple):
 
     def finished(self) -> Episodes:
         """(returns [k], lengths [k]) of the k episodes that ended, in env order."""
+        if not self.ended.any():
+            return _NO_EPISODES
         return self.returns[self.ended], self.lengths[self.ended]
 
     @staticmethod
     def joined(parts: Sequence[EndedEpisodes]) -> EndedEpisodes:
         """The episodes of consecutive groups of envs, as one vector step's."""
         return EndedEpisodes(*(np.concatenate(arrays) for arrays in zip(*parts)))
+
+
+@functools.cache
+def _no_episodes(num_envs: int) -> EndedEpisodes:
+    episodes = EndedEpisodes.zeros(num_envs)
+    for array in episodes:
+        array.flags.writeable = False
+    return episodes
+
+
+_NO_EPISODES: Episodes = _no_episodes(0)[1:]
 
 
 class StepResult(NamedTuple):

@@ -47,30 +47,50 @@ def run_command(
     """Run one command on `envs` (rows offset.. of the buffers `b`); returns their per-env infos.
     `where[0]` tracks the env being worked on, for a worker's error report. With `check_finite`, a step or reset
     that returns a NaN or infinite observation or reward raises NonFiniteError naming the env."""
+    if command == "step":
+        return _step(envs, offset, b, where, check_finite)
     infos = []
     for i, env in enumerate(envs):
         where[0] = j = offset + i
         info: dict[str, Any] = {}
-        if command == "step":
-            obs, b["rewards"][j], b["terminated"][j], b["truncated"][j], info = env.step(b["actions"][j])
-            if b["terminated"][j] or b["truncated"][j]:  # autoreset in the same step, as SAME_STEP does
-                if check_finite:  # a truncation bootstraps from it
-                    require_finite_rows(obs[None], j, "final observation")
-                b["final_obs"][j] = obs
-                final = {"final_obs": b["final_obs"][j].copy(), "final_info": info}
-                obs, info = env.reset()
-                info = {**final, **info}
-            b["obs"][j] = obs
-        elif command == "reset":
+        if command == "reset":
             b["obs"][j], info = env.reset(seed=None if data is None else data[i])
         elif command == "get_state":
             info = env_state(env)
         elif command == "set_state":
             load_env_state(env, data[i])
         infos.append(info)
-    if check_finite and command in ("step", "reset"):
-        rows = slice(offset, offset + len(envs))
-        require_finite_rows(b["obs"][rows], offset, "observation")
+    if check_finite and command == "reset":
+        require_finite_rows(b["obs"][offset : offset + len(envs)], offset, "observation")
+    return infos
+
+
+def _step(
+    envs: list[gym.Env], offset: int, b: dict[str, np.ndarray], where: list[int | None], check_finite: bool
+) -> list[dict[str, Any]]:
+    """Step `envs` with their actions in `b`, autoresetting in the same step as SAME_STEP does. Rewards and flags are
+    gathered in lists and written once: a numpy item write per env and field cost more than the env's own step."""
+    rows = slice(offset, offset + len(envs))
+    obs_rows, final_rows, actions = b["obs"][rows], b["final_obs"][rows], b["actions"][rows]
+    rewards, terminated, truncated, infos = [], [], [], []
+    for i, env in enumerate(envs):
+        where[0] = offset + i
+        obs, reward, term, trunc, info = env.step(actions[i])
+        if term or trunc:
+            if check_finite:  # a truncation bootstraps from it
+                require_finite_rows(np.asarray(obs)[None], offset + i, "final observation")
+            final_rows[i] = obs
+            final = {"final_obs": final_rows[i].copy(), "final_info": info}
+            obs, info = env.reset()
+            info = {**final, **info}
+        obs_rows[i] = obs
+        rewards.append(reward)
+        terminated.append(term)
+        truncated.append(trunc)
+        infos.append(info)
+    b["rewards"][rows], b["terminated"][rows], b["truncated"][rows] = rewards, terminated, truncated
+    if check_finite:
+        require_finite_rows(obs_rows, offset, "observation")
         require_finite_rows(b["rewards"][rows], offset, "reward")
     return infos
 
@@ -115,14 +135,15 @@ def batch_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
 def step_results(b: dict[str, np.ndarray], envs: slice, infos: list[dict[str, Any]]) -> StepResult:
     """What VectorEnv.step returns for the envs in `envs`, whose per-env infos are `infos`: copies, as the next step
     overwrites the buffers."""
-    return StepResult(
+    arrays = (
         b["obs"][envs].copy(),
         b["rewards"][envs].copy(),
         b["terminated"][envs].copy(),
         b["truncated"][envs].copy(),
-        batch_infos(infos),
-        EndedEpisodes.of_infos(infos),
     )
+    if not any(infos):  # most steps of most envs: no info, no episode ended
+        return StepResult(*arrays, {}, EndedEpisodes.none(len(infos)))
+    return StepResult(*arrays, batch_infos(infos), EndedEpisodes.of_infos(infos))
 
 
 class SyncEnvs:
