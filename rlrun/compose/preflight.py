@@ -28,6 +28,7 @@ from rlrun.compose.hydra_compat import (
 )
 from rlrun.compose.presets import preset_override
 from rlrun.compose.store import GROUPS, from_yaml
+from rlrun.compose.sweep_resume import sweep_resume_args
 from rlrun.config import CONF_DIR, TrainConfig, check, validate_play, validate_train
 from rlrun.config.batched import LAUNCHER, batch_refusal
 from rlrun.errors import NothingToDo, UserError
@@ -237,7 +238,9 @@ def _reference(command: str, combo: list[str]) -> DictConfig:
 
 def preflight(command: str, args: list[str]) -> list[str]:
     """Compose and validate every configuration the command would run; returns the args to run with
-    (a resumed run is pointed at its original run folder)."""
+    (a resumed run is pointed at its original run folder; a resumed sweep is its own line again)."""
+    if command == "train":
+        args = sweep_resume_args(args)
     parsed = args_parser().parse_args(args)
     if parsed.help or parsed.hydra_help or parsed.info or parsed.shell_completion:
         return args
