@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from rlrun.compose.hydra_compat import args_parser, parse_overrides
+from rlrun.compose.hydra_compat import COMPOSITION_ERRORS, args_parser, parse_overrides
 from rlrun.errors import UserError
 
 # Set by the resume itself: the sweep's own values of these are dropped.
@@ -34,9 +34,13 @@ def sweep_resume_args(args: list[str]) -> list[str]:
 
 def _sweep_folder(args: list[str]) -> Path | None:
     """The folder resume= names when it is a sweep's (it holds multirun.yaml), else None."""
-    parsed = args_parser().parse_args(args)
-    for o in parse_overrides(parsed.overrides):
-        if o.key_or_group == "resume" and isinstance(o.value(), str):
+    resume = [a for a in args_parser().parse_args(args).overrides if _key(a) == "resume"]
+    try:
+        parsed = parse_overrides(resume)
+    except COMPOSITION_ERRORS:  # the pre-flight says what is wrong with it
+        return None
+    for o in parsed:
+        if isinstance(o.value(), str):
             folder = Path(str(o.value()))
             return folder if (folder / "multirun.yaml").is_file() else None
     return None
