@@ -239,11 +239,14 @@ class _Driver:
         progress = lead.progress(lead.at.env_steps)
         with self._for_all():
             collected = self.batch.collect(self.envs)
-        running = self.running()  # less the seeds whose envs failed
-        for i in running:
+        if not self.running():  # every seed's envs failed, or the batch did
+            return None
+        for i in self.running():
             self.loops[i].recovery.updating = True
         with self._for_all():
             stats = self.batch.update(progress)
+        if not self.running():
+            return None
         stopped = None
         for i in self.running():
             loop, own = self.loops[i], stats[i]

@@ -95,6 +95,18 @@ def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
     return run
 
 
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str, float]:
+    """(stdout, stderr, seconds taken) of a run that must end within `timeout`; killed (and the test failed) if not."""
+    start = time.monotonic()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return stdout, stderr, time.monotonic() - start
+
+
 def assert_run_folder(run: Path, summary: dict) -> None:
     """What a completed PPO run's folder holds: its config, log, one TensorBoard events file, and metrics.jsonl in
     step order up to the summary's env steps, with PPO's losses and training returns."""

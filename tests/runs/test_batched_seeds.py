@@ -21,6 +21,7 @@ from tests.conftest import (
     assert_run_folder,
     cli_env,
     final_state,
+    finish,
     metric_steps,
     read_jsonl,
     rlrun,
@@ -147,17 +148,6 @@ def start_batch(tmp_path: Path, sweep: Path, seeds: str, *args: str) -> subproce
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
 
 
-def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
-    """The output of a run that must end within `timeout` (killed, and the test failed, if not)."""
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_signal_stops_every_seed_with_its_checkpoint_and_the_sweep_resumes_with_one_tracked_run_each(tmp_path):
@@ -175,7 +165,7 @@ def test_a_signal_stops_every_seed_with_its_checkpoint_and_the_sweep_resumes_wit
                 break
         proc.send_signal(signal.SIGTERM)
     finally:
-        out = finish(proc)
+        out = finish(proc, 60)[0]
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in out, out[-3000:]
     assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}"
     summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in range(3)]
@@ -226,7 +216,7 @@ def test_a_second_signal_stops_every_seed_at_once_with_its_summary(tmp_path):
         time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
     finally:
-        out = finish(proc)
+        out = finish(proc, 60)[0]
     assert proc.returncode == 128 + signal.SIGINT and "Traceback" not in out, out[-3000:]
     for job in ("0", "1"):
         summary = json.loads((sweep / job / "summary.json").read_text())
