@@ -94,15 +94,13 @@ def _seed(run: Run, generator: torch.Generator | None) -> Iterator[None]:
 
 
 class Batch(Protocol):
-    """What the driver asks of a batched learner (BatchedPPO): seed s's rollout on envs[s]; an update of the seeds
-    still training, giving each one's stats or the NonFiniteError that stopped it (before its optimizer stepped);
-    the seeds' own algorithm objects read (after a resume loaded them) and written (what checkpoints save); and
-    stop_seed(s), after which seed s never moves again (it may come at any time, from inside collect too)."""
+    """What the driver asks of a batched learner (BatchedPPO) while the seeds train: seed s's rollout on envs[s]; an
+    update of the seeds still training, giving each one's stats or the NonFiniteError that stopped it (before its
+    optimizer stepped); and stop_seed(s), after which seed s never moves again (it may come at any time, from inside
+    collect too)."""
 
     def collect(self, envs: list[VectorEnv]) -> list[dict[str, Any]]: ...
     def update(self, progress: float) -> list[dict[str, float] | NonFiniteError]: ...
-    def load_seeds(self) -> None: ...
-    def write_seeds(self) -> None: ...
     def stop_seed(self, seed: int) -> None: ...
 
 
