@@ -158,7 +158,7 @@ def test_a_signal_stops_every_seed_with_its_checkpoint_and_the_sweep_resumes_wit
     sweep, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = ["eval.episodes=2", "logging.every_steps=512", "logging.progress=plain", "checkpoint.every_steps=1024"]
     args += ["logging.trackers=[wandb,mlflow]", "logging.wandb.mode=offline", f"logging.mlflow.tracking_uri={store}"]
-    proc = start_batch(tmp_path, sweep, "0,1,2", *args, "total_steps=200000")
+    proc = start_batch(tmp_path, sweep, "0,1", *args, "total_steps=200000")
     try:
         for line in proc.stdout:
             if line.startswith("env_steps=1024 "):  # two intervals logged, in every writer
@@ -168,7 +168,7 @@ def test_a_signal_stops_every_seed_with_its_checkpoint_and_the_sweep_resumes_wit
         out = finish(proc, 60)[0]
     assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in out, out[-3000:]
     assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}"
-    summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in range(3)]
+    summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in range(2)]
     for job, summary in enumerate(summaries):
         assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
         assert summary["resume"] == f"rlrun train resume={sweep / str(job)}"
@@ -181,9 +181,9 @@ def test_a_signal_stops_every_seed_with_its_checkpoint_and_the_sweep_resumes_wit
     assert "failed" not in out.stdout + out.stderr, out.stderr[-3000:]  # no tracker failed
     client = mlflow_tracking.MlflowClient(tracking_uri=store)
     mruns = {r.data.params["seed"]: r for r in client.search_runs(client.get_experiment_by_name("rlrun").experiment_id)}
-    assert sorted(mruns) == ["0", "1", "2"]
+    assert sorted(mruns) == ["0", "1"]
     ids = set()
-    for job in range(3):
+    for job in range(2):
         summary = json.loads((sweep / str(job) / "summary.json").read_text())
         assert summary["status"] == "completed" and [s["end_steps"] for s in summary["sessions"]] == [stopped, total]
         w = wandb_run(sweep / str(job))
@@ -196,7 +196,7 @@ def test_a_signal_stops_every_seed_with_its_checkpoint_and_the_sweep_resumes_wit
         steps = [m.step for m in sorted(history, key=lambda m: m.timestamp)]
         assert steps == sorted(set(steps)) and steps[0] == 512 and steps[-1] == total
         assert mrun.info.status == "FINISHED" and mrun.data.metrics["summary/env_steps"] == total
-    assert len(ids) == 3
+    assert len(ids) == 2
 
 
 @pytest.mark.slow
