@@ -154,7 +154,7 @@ def _train_batch(runs: list[Run]) -> list[Outcome]:
                 reason = unbatchable(parts.algo)
                 if reason is not None:
                     raise UserError(f"{LAUNCHER} trains {SUPPORTED}; not {reason}")
-                seeds.append(replace(parts, accelerations=[f"{len(runs)} seeds batched"]))
+                seeds.append(replace(parts, accelerations=[f"{len(runs)} seed{'s' if len(runs) > 1 else ''} batched"]))
                 generators.append(torch.Generator().set_state(torch.get_rng_state()))
         batch = BatchedPPO([cast(PPO, parts.algo) for parts in seeds], generators)  # unbatchable checked it
         loops, evaluations = [], _AllEvaluations([parts.evaluator for parts in seeds])

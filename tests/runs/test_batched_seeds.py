@@ -227,9 +227,13 @@ def test_a_second_signal_stops_every_seed_at_once_with_its_summary(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_batch_resumed_from_its_sweep_folder_continues_each_seed_exactly(tmp_path):
     """A batch whose job died after its checkpoints at 1024 env steps (a copy with the later ones gone), resumed
-    with `rlrun train resume=SWEEP`, ends with each seed's metrics and parameters those of the batch that ran on."""
-    args = ["total_steps=2048", "checkpoint.every_steps=1024", "logging.every_steps=256", "eval.every_steps=1024"]
-    full, _ = batch(tmp_path, "full", "0,1", *args, "eval.episodes=2", "logging.progress=none")
+    with `rlrun train resume=SWEEP`, ends with each seed's metrics and parameters those of the batch that ran on.
+    The sweep's line chose a config group and got a preset from the pre-flight (~tuned: the env.id is not the
+    group's), which the resumed jobs keep from their checkpoints."""
+    failing_for(tmp_path, {})  # the test env, failing for no seed
+    args = ["algo=ppo", *FAILING, "total_steps=2048", "checkpoint.every_steps=1024", "logging.every_steps=256"]
+    full, out = batch(tmp_path, "full", "0,1", *args, "eval.every_steps=1024", "eval.episodes=2")
+    assert "~tuned" in out.stdout
     part = tmp_path / "part"
     shutil.copytree(full, part)
     for job in ("0", "1"):
