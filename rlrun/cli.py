@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -171,16 +172,20 @@ def train_app(cfg: DictConfig) -> float | None:
     if summary is None:  # a node without rank 0
         return None
     if summary["status"] == "interrupted":
-        if summary["signal"] in (signal.SIGUSR1, signal.SIGUSR2):
-            # A scheduler's warning (SLURM's --signal, submitit's preemption): the checkpoint is written, now the
-            # handler that was there before training runs (submitit's requeues the job). The folder is let go first:
-            # that handler (or SIGUSR1's default) may end the process before main's finally would.
-            from rlrun.run_folder import release
+        from rlrun.run_folder import release
 
-            release(run_dir)
-            os.kill(os.getpid(), summary["signal"])
-        sys.exit(128 + summary["signal"])
+        release(run_dir)  # before a scheduler's handler, which may end the process before main's finally would
+        _end_interrupted(summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
+
+
+def _end_interrupted(signum: int) -> NoReturn:
+    """End a command whose training a signal stopped (its checkpoints written, its folders let go): exit 128 +
+    signal. A scheduler's warning (SLURM's --signal, submitit's preemption) first runs the handler that was there
+    before training (submitit's requeues the job), or SIGUSR1's default."""
+    if signum in (signal.SIGUSR1, signal.SIGUSR2):
+        os.kill(os.getpid(), signum)
+    sys.exit(128 + signum)
 
 
 @dataclass(frozen=True)
@@ -194,9 +199,10 @@ class SeedJob:
     run_dir: Path
 
 
-def seed_job(cfg: DictConfig) -> SeedJob:
+def seed_job(cfg: DictConfig) -> SeedJob | None:
     """The batched launcher's task for each job of a batch, inside Hydra's job (its folder, .hydra/ and train.log
-    made): the job's config, checked, and its folder held until train_seed_jobs lets it go."""
+    made): the job's config, checked, and its folder held until train_seed_jobs lets it go; None for a job that
+    has nothing to do (resume=auto of a complete run), which says so."""
     from rlrun.run_folder import hold, release
 
     hc = HydraConfig.get()
@@ -205,16 +211,21 @@ def seed_job(cfg: DictConfig) -> SeedJob:
         hold(run_dir)
         try:
             typed, config_yaml, state = _job_config(cfg, hc, list(hc.overrides.task), run_dir)
+        except NothingToDo as e:
+            release(run_dir)
+            logging.getLogger("rlrun").info("%s", e)
+            return None
         except BaseException:
             release(run_dir)
             raise
     return SeedJob(typed, config_yaml, state, tuple(hc.overrides.task), run_dir)
 
 
-def train_seed_jobs(jobs: list[SeedJob]) -> list[float]:
+def train_seed_jobs(jobs: list[SeedJob], sweep_dir: Path) -> list[float]:
     """Train a batch's seeds side by side in this process (rlrun/seeds.py); each one's final eval return, as
-    train_app returns a job's. A user mistake ends the sweep with one line; a failure marks every seed's folder
-    failed and lets the sweep go on (nan)."""
+    train_app returns a job's (nan for a seed that failed: its folder says why, and the others went on). A user
+    mistake ends the sweep with one line; a failure of the batch as a whole marks every seed's folder failed and
+    lets the sweep go on. A signal ends the sweep, every seed checkpointed, with the line that continues it."""
     from rlrun.distributed import from_env
     from rlrun.run_folder import release
     from rlrun.seeds import train_seeds
@@ -223,7 +234,7 @@ def train_seed_jobs(jobs: list[SeedJob]) -> list[float]:
     try:
         runs = [Run(j.cfg, j.run_dir, from_env(j.cfg.device), j.config_yaml, j.resume_state, j.overrides) for j in jobs]
         with user_errors():
-            summaries = train_seeds(runs)
+            outcomes = train_seeds(runs)
     except Exception as e:
         message = _failure(e, _known_error(e))
         logging.getLogger("rlrun").error("batch of %d seeds failed: %s", len(jobs), message)
@@ -233,10 +244,13 @@ def train_seed_jobs(jobs: list[SeedJob]) -> list[float]:
     finally:
         for job in jobs:
             release(job.run_dir)
-    interrupted = [s for s in summaries if s["status"] == "interrupted"]
-    if interrupted:  # every seed checkpointed; the sweep stops here, as a single job's does
-        sys.exit(128 + interrupted[0]["signal"])
-    return [s["eval_return_mean"] for s in summaries]
+    signals = [o["signal"] for o in outcomes if isinstance(o, dict) and o["status"] == "interrupted"]
+    if signals:  # the sweep stops here, as it does after an interrupted single job
+        from rlrun.run_folder import resume_command
+
+        logging.getLogger("rlrun").info("continue the sweep with: %s", resume_command(sweep_dir))
+        _end_interrupted(signals[0])
+    return [float("nan") if isinstance(o, Exception) else o["eval_return_mean"] for o in outcomes]
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="play")

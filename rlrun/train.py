@@ -39,12 +39,9 @@ def train(
     try:
         return Loop(run, build_parts(run, local)).train()
     except StopNow as e:  # a second signal: no final checkpoint, but the record of why and how to continue
-        return _stopped_at_once(run, local, e)
+        return stopped_at_once(run, local, e)
     except Exception as e:
-        # A resume that fails before it trains leaves the run's record as it was (completed, interrupted).
-        if local.record.started or resume_state is None:
-            with contextlib.suppress(Fault):  # written if the disk still takes it
-                local.logger.failed(f"{type(e).__name__}: {e}", local.record.original, resume_line(run_dir))
+        record_failure(run, local, e)
         if isinstance(e, Fault):  # one line: the file, the error, and what is left to continue from
             raise Fault(f"{e}; {newest_line(run_dir)}") from e
         raise
@@ -52,7 +49,17 @@ def train(
         close_parts(run, local)
 
 
-def _stopped_at_once(run: Run, local: LocalParts, e: StopNow) -> dict[str, Any]:
+def record_failure(run: Run, local: LocalParts, e: Exception) -> None:
+    """summary.json of a run that failed of `e`: why, and the line that continues it. A resume that fails before it
+    trains leaves the run's record as it was (completed, interrupted)."""
+    if local.record.started or run.resume_state is None:
+        with contextlib.suppress(Fault):  # written if the disk still takes it
+            local.logger.failed(f"{type(e).__name__}: {e}", local.record.original, resume_line(run.run_dir))
+
+
+def stopped_at_once(run: Run, local: LocalParts, e: StopNow) -> dict[str, Any]:
+    """The summary of a run that a second signal stopped at once (written, but not over a resume's record when the
+    resume had not trained yet)."""
     resume = resume_line(run.run_dir)
     stopped = {"status": "interrupted", "signal": e.signum, "stopped": "at once (a second signal)"}
     if local.record.started or run.resume_state is None:  # a resume stopped before it trained leaves it as it was
@@ -146,18 +153,26 @@ class Loop:
         return None
 
     def _collect_and_update(self) -> tuple[dict[str, Any], dict[str, float]]:
-        parts, at, progress = self.parts, self.at, self.progress(self.at.env_steps)
+        parts, progress = self.parts, self.progress(self.at.env_steps)
         torch.set_num_threads(parts.collect_threads)
-        with _nonfinite_context(f"in the iteration from env step {at.env_steps:,} on rank {self.run.ctx.rank}"):
+        with _nonfinite_context(self.collecting()):
             collected = parts.algo.collect(parts.envs, progress)
         torch.set_num_threads(parts.threads)
         parts.evaluator.check_alive()
         self.recovery.updating = True
-        with _nonfinite_context(f"in iteration {at.iteration + 1} (from env step {at.env_steps:,})"):
+        with _nonfinite_context(self.updating()):
             stats = parts.algo.update(progress=progress)
             require_finite_stats(stats, self.run.cfg.algo.name)
         self.recovery.updating = False
         return collected, stats
+
+    def collecting(self) -> str:
+        """Where a non-finite value met while collecting this iteration was, for its error."""
+        return f"in the iteration from env step {self.at.env_steps:,} on rank {self.run.ctx.rank}"
+
+    def updating(self) -> str:
+        """Where a non-finite value met while updating this iteration was, for its error."""
+        return f"in iteration {self.at.iteration + 1} (from env step {self.at.env_steps:,})"
 
     def _log(self, before: int, last: bool) -> None:
         """The progress line; at a logging step, or an evaluation's (not at the last), the interval's metrics and
@@ -209,13 +224,18 @@ def crossed(before: int, after: int, every: int) -> bool:
 
 @contextlib.contextmanager
 def _nonfinite_context(where: str) -> Iterator[None]:
-    """A NonFiniteError raised inside, with `where` added to its message (an env or an algorithm knows what was not
-    finite; the loop knows when)."""
+    """A NonFiniteError raised inside, with `where` added to its message."""
     try:
         yield
     except NonFiniteError as e:
-        hint = "; env.check_finite=false accepts it" if e.env is not None else ""
-        raise NonFiniteError(f"{e} {where}{hint}") from None
+        raise nonfinite_at(e, where) from None
+
+
+def nonfinite_at(e: NonFiniteError, where: str) -> NonFiniteError:
+    """`e` with `where` added to its message (an env or an algorithm knows what was not finite; the loop knows
+    when)."""
+    hint = "; env.check_finite=false accepts it" if e.env is not None else ""
+    return NonFiniteError(f"{e} {where}{hint}")
 
 
 def require_finite_stats(stats: dict[str, float], algo: str) -> None:

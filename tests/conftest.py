@@ -1,6 +1,7 @@
 """The one module of shared test helpers (test modules import from here, never from each other): run the real CLI
-in a subprocess (with a timeout, reaped), short training runs and what they leave, real gloo groups, envs that
-misbehave on purpose, and the check that no test leaves processes behind. bench/learning imports them too."""
+in a subprocess (with a timeout, reaped), short training runs and what they leave (W&B's offline files read back),
+real gloo groups, envs that misbehave on purpose, and the check that no test leaves processes behind. bench/learning
+imports them too."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -91,6 +93,18 @@ def train(tmp_path: Path, name: str, *args: str, timeout: float = 240) -> Path:
     out = rlrun("train", f"hydra.run.dir={run}", *args, cwd=tmp_path, timeout=timeout)
     assert out.returncode == 0, out.stderr[-4000:]
     return run
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str, float]:
+    """(stdout, stderr, seconds taken) of a run that must end within `timeout`; killed (and the test failed) if not."""
+    start = time.monotonic()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return stdout, stderr, time.monotonic() - start
 
 
 def assert_run_folder(run: Path, summary: dict) -> None:
@@ -301,6 +315,51 @@ def on_gloo_ranks(job: Callable, world: int = 2, timeout: float = 150) -> dict:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def wandb_records(path: Path):
+    """The records of a W&B run file (run-ID.wandb): W&B's header, then LevelDB log blocks of 32 KiB whose chunks
+    (FULL=1, FIRST=2, MIDDLE=3, LAST=4) carry one protobuf Record each."""
+    from wandb.proto import wandb_internal_pb2 as wandb_pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, chunks = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):  # the block's padding
+            pos += left
+            continue
+        chunks += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_pb.Record()
+            record.ParseFromString(chunks)
+            chunks = b""
+            yield record
+
+
+def wandb_run(run_dir: Path) -> dict:
+    """What W&B's offline files of a run folder hold: its ids, history rows {step: {key: value}}, config, group."""
+    runs = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    ids, history, config, group, tags = set(), [], {}, set(), set()
+    for path in runs:
+        for r in wandb_records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                ids.add(r.run.run_id)
+                group.add(r.run.run_group)
+                tags |= set(r.run.tags)
+                config |= {u.key: json.loads(u.value_json) for u in r.run.config.update}
+            elif kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                history.append((r.history.step.num, row))
+    return {"files": runs, "ids": ids, "history": history, "config": config, "group": group, "tags": tags}
+
+
+def metric_steps(history: list[tuple[int, dict]], key: str) -> list[int]:
+    return [step for step, row in history if key in row]
 
 
 def tensors_in(state) -> list[torch.Tensor]:

@@ -47,7 +47,8 @@ class BatchedLauncher(Launcher):
         jobs = [(initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides)]
         # What a batch cannot train was refused before Hydra started (rlrun/compose/preflight.py).
         configs = {idx: self._job_config(idx, overrides) for idx, overrides in jobs}
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         returns: dict[int, JobReturn] = {}
         for batch in batches(jobs, self.max_batch):
             log.info(
@@ -59,11 +60,13 @@ class BatchedLauncher(Launcher):
             for idx, overrides in batch:
                 log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             made = self._make_jobs([configs[idx] for idx, _ in batch])
-            _route_logs([r.return_value.run_dir for r in made])
-            values = train_seed_jobs([r.return_value for r in made])
-            for (idx, _), r, value in zip(batch, made, values):
-                r.return_value = value
-                returns[idx] = r
+            returns |= {idx: r for (idx, _), r in zip(batch, made)}
+            training = [r for r in made if r.return_value is not None]  # None: nothing to do (said so)
+            if training:
+                _route_logs([r.return_value.run_dir for r in training])
+                values = train_seed_jobs([r.return_value for r in training], sweep_dir)
+                for r, value in zip(training, values):
+                    r.return_value = value
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         return [returns[idx] for idx, _ in jobs]
 
@@ -89,13 +92,14 @@ class BatchedLauncher(Launcher):
                 made.append(job)
         except BaseException:
             for job in made:
-                release(job.return_value.run_dir)
+                if job.return_value is not None:
+                    release(job.return_value.run_dir)
             raise
         return made
 
     def _make_job(self, config: DictConfig) -> JobReturn:
         """The job's folder, .hydra/ and train.log, as Hydra's basic launcher makes them; its return value is the
-        job's SeedJob (rlrun.cli.seed_job)."""
+        job's SeedJob (rlrun.cli.seed_job), or None when it has nothing to do."""
         from rlrun.cli import seed_job
 
         assert self.hydra_context is not None
@@ -110,8 +114,8 @@ class BatchedLauncher(Launcher):
 
 def _route_logs(run_dirs: list[Path]) -> None:
     """Each seed's log lines into its own folder's log file (Hydra's job logging opened the last job's only), the
-    batch's own lines into all of them; the console shows the batch's, the first seed's and every seed's warnings
-    and errors."""
+    batch's own lines into all of them; the console shows the batch's, the leading seed's (the first still
+    training) and every seed's warnings and errors."""
     from rlrun.seeds import SeedLogFilter
 
     root = logging.getLogger()
@@ -120,7 +124,7 @@ def _route_logs(run_dirs: list[Path]) -> None:
         root.removeHandler(h)
         h.close()
     for h in root.handlers:
-        h.addFilter(SeedLogFilter(run_dirs[0], every_seed_from=logging.WARNING))
+        h.addFilter(SeedLogFilter(None, every_seed_from=logging.WARNING))
     if not files:  # job logging without a file (hydra/job_logging=disabled)
         return
     name = Path(files[0].baseFilename).name

@@ -10,7 +10,9 @@ seeds: random draws come from each seed's own torch.Generator (its single run's 
 the same order), advantages are normalized per seed, the loss is the sum of per-seed means (so each seed's gradient
 is its own), gradients are clipped by each seed's own norm (one norm over the stack would couple them), and a seed
 whose target-KL stop fires takes no further step in that update: SeedAdam keeps a step count per seed and leaves a
-stopped seed's weights and moments as they are (a zeroed gradient would not: Adam's momentum would still move it)."""
+stopped seed's weights and moments as they are (a zeroed gradient would not: Adam's momentum would still move it).
+The same mask stops a seed for good (stop_seed: its env failed, or its gradient norm went non-finite, which update
+finds per seed before the optimizer steps): it still rides along in the batched forward, but never moves again."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rlrun.algos.finite import require_finite
+from rlrun.algos.finite import nonfinite_error
 from rlrun.algos.parts import MakeOptimizer
 from rlrun.algos.ppo import PPO, STATS
 from rlrun.algos.protocol import episodes_of
@@ -30,6 +32,7 @@ from rlrun.algos.returns import compute_gae, explained_variance
 from rlrun.algos.rollout_step import observe_step
 from rlrun.config.batched import LAUNCHER, SUPPORTED
 from rlrun.envs.protocol import Episodes, VectorEnv
+from rlrun.errors import NonFiniteError
 from rlrun.models import ActorCritic
 from rlrun.models import distributions as D
 from rlrun.models.encoders import ACTIVATIONS, TwinMLP
@@ -290,6 +293,7 @@ class BatchedPPO:
             share = functools.partial(SeedOptimizer, self.optimizer, s, self.model.layouts, a.model)
             a.parts.make_optimizer = cast(MakeOptimizer, share)
         self.rollout = self._share_rollouts()
+        self.running = torch.ones(self.S, dtype=torch.bool)  # the seeds not stopped for good (stop_seed)
         self.load_seeds()
 
     def _share_rollouts(self) -> dict[str, Tensor]:
@@ -317,6 +321,12 @@ class BatchedPPO:
     def write_seeds(self) -> None:
         """Give each seed's network its weights (its optimizer state is SeedAdam's, read through SeedOptimizer)."""
         self.model.write_to(self._networks())
+
+    def stop_seed(self, seed: int) -> None:
+        """Stop seed `seed` for good (its run failed; callable at any time, from inside collect too): no update moves
+        its weights, Adam moments or step count again. Its rows are still computed and stepped (on whatever its
+        envs return), and never used."""
+        self.running[seed] = False
 
     @torch.inference_mode()
     def collect(self, envs: list[VectorEnv]) -> list[dict[str, Any]]:
@@ -359,9 +369,11 @@ class BatchedPPO:
             return torch.as_tensor(np.stack(obs), dtype=self.seeds[0].obs_dtype, device=self.device)
         return torch.stack([a.preprocess(o, update_stats) for a, o in zip(self.seeds, obs)])
 
-    def update(self, progress: float) -> list[dict[str, float]]:
+    def update(self, progress: float) -> list[dict[str, float] | NonFiniteError]:
         """Epochs x minibatches of PPO on the last rollouts, every seed's as PPO.update makes it; each seed's
-        stats."""
+        stats, or for a seed whose gradient norm was not finite the NonFiniteError its single run raises: that seed
+        stopped for good there, before its optimizer stepped (its network holds its last finite weights). A seed
+        stopped before the update gets stats that mean nothing."""
         c, r, S, n = self.cfg, self.rollout, self.S, self.cfg.num_steps * self.N
         self.model.train()
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
@@ -394,7 +406,8 @@ class BatchedPPO:
             "old_values": r["values"],
         }
         flat = {k: v.flatten(1, 2) for k, v in batch.items()}  # [S, T * N, ...]
-        active = torch.ones(S, dtype=torch.bool)
+        active = self.running.clone()
+        failed: dict[int, NonFiniteError] = {}
         totals, counts, epochs = torch.zeros(S, len(STATS)), torch.zeros(S), torch.zeros(S)
         seeds = torch.arange(S)[:, None]
         for _epoch in range(c.update_epochs):
@@ -415,17 +428,25 @@ class BatchedPPO:
                 self.optimizer.zero_grad()
                 torch.autograd.backward(loss.sum())
                 norms = clip_grad_norm_per_seed(self.optimizer.params, c.max_grad_norm)
-                require_finite(norms[active].sum(), "the PPO gradient norm")
+                broken = active & ~torch.isfinite(norms).cpu()
+                if broken.any():  # those seeds stop here, as their single runs do (require_finite), the others go on
+                    for s in broken.nonzero().flatten().tolist():
+                        failed[s] = nonfinite_error(float(norms[s]), "the PPO gradient norm")
+                    self.running &= ~broken
+                    active &= ~broken
                 self.optimizer.step(active)
                 totals += stats * active[:, None]
                 counts += active
             if c.target_kl is not None:  # a seed whose KL went past the target sits the remaining epochs out
                 active &= stats[:, STATS.index("approx_kl")] <= c.target_kl
-                if not active.any():
-                    break
+            if not active.any():
+                break
         self.write_seeds()
-        out = []
+        out: list[dict[str, float] | NonFiniteError] = []
         for s in range(S):
+            if s in failed:
+                out.append(failed[s])
+                continue
             means = dict(zip(STATS, (totals[s] / counts[s]).tolist()))
             ev = explained_variance(r["values"][s].flatten(), batch["returns"][s].flatten())
             out.append(means | {"learning_rate": lr, "explained_variance": ev, "epochs": float(epochs[s])})

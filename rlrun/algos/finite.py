@@ -12,4 +12,9 @@ def require_finite(x: Tensor, what: str) -> None:
     """Raise NonFiniteError naming `what` when the scalar `x` is NaN or infinite (one device sync)."""
     value = float(x.detach())
     if value != value or value in (float("inf"), float("-inf")):
-        raise NonFiniteError(f"{what} is {'NaN' if value != value else 'infinite'}")
+        raise nonfinite_error(value, what)
+
+
+def nonfinite_error(value: float, what: str) -> NonFiniteError:
+    """The error that names `what` as the NaN or infinite `value`."""
+    return NonFiniteError(f"{what} is {'NaN' if value != value else 'infinite'}")

@@ -28,6 +28,7 @@ from rlrun.compose.hydra_compat import (
 )
 from rlrun.compose.presets import preset_override
 from rlrun.compose.store import GROUPS, from_yaml
+from rlrun.compose.sweep_resume import sweep_resume_args
 from rlrun.config import CONF_DIR, TrainConfig, check, validate_play, validate_train
 from rlrun.config.batched import LAUNCHER, batch_refusal
 from rlrun.errors import NothingToDo, UserError
@@ -161,13 +162,37 @@ def train_config(
         from rlrun.run_folder import list_checkpoints
 
         found = list_checkpoints(run_dir / "checkpoints")
-        typed = replace(typed, resume=str(found[-1]) if found else None if typed.resume == "auto" else typed.resume)
+        if found:
+            # The job's own command line made the checkpoint in its folder: its config group choices (algo=, env=,
+            # the preset the pre-flight added) are the checkpoint's, which a resume keeps; its key=value overrides
+            # go on top. A choice that names another algorithm, env or network is refused.
+            resumed, state = resumed_config(str(found[-1]), [o for o in overrides if _group(o) not in GROUPS])
+            _same_run(typed, resumed, found[-1])
+            _log_warnings(resumed)
+            return resumed, state
+        typed = replace(typed, resume=None if typed.resume == "auto" else typed.resume)
     if typed.resume is not None:
         typed, state = resumed_config(typed.resume, overrides)
         _log_warnings(typed)
         return typed, state
     _log_warnings(typed)
     return typed, None
+
+
+def _group(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _same_run(composed: TrainConfig, resumed: TrainConfig, checkpoint: Path) -> None:
+    """resume=auto's command line (`composed`) chooses the algorithm, env and network its checkpoint has."""
+    was, now = resumed, composed
+    trained = (was.algo.name, was.env.id, was.model.name)
+    if (now.algo.name, now.env.id, now.model.name) != trained:
+        raise UserError(
+            f"resume=auto continues {checkpoint}, trained as algo={trained[0]} env.id={trained[1]} model={trained[2]}; "
+            f"this command line gives algo={now.algo.name} env.id={now.env.id} model={now.model.name}: "
+            "use another run folder for another run"
+        )
 
 
 def replay_checkpoint(typed: TrainConfig, resumable: bool) -> TrainConfig:
@@ -237,7 +262,9 @@ def _reference(command: str, combo: list[str]) -> DictConfig:
 
 def preflight(command: str, args: list[str]) -> list[str]:
     """Compose and validate every configuration the command would run; returns the args to run with
-    (a resumed run is pointed at its original run folder)."""
+    (a resumed run is pointed at its original run folder; a resumed sweep is its own line again)."""
+    if command == "train":
+        args = sweep_resume_args(args)
     parsed = args_parser().parse_args(args)
     if parsed.help or parsed.hydra_help or parsed.info or parsed.shell_completion:
         return args

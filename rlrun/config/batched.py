@@ -20,9 +20,11 @@ def batch_refusal(cfg: TrainConfig) -> str | None:
         "model.shared=true": m._target_ is None and m.name == "mlp" and m.shared,
         "several ranks": d.nproc_per_node * d.nnodes > 1,
         f"env.vector.backend={cfg.env.vector.backend}": cfg.env.vector.backend != "sync",
-        "resume= (resume a seed's run folder on its own)": cfg.resume is not None,
+        # resume=auto continues each seed from its own folder's newest checkpoint (`rlrun train resume=SWEEP` is that)
+        "resume=PATH": cfg.resume not in (None, "auto"),
     }
     refused = [name for name, applies in reasons.items() if applies]
     if not refused:
         return None
-    return f"{LAUNCHER} trains {SUPPORTED}; not {', '.join(refused)} (run those without it)"
+    hint = "; a batch continues with rlrun train resume=SWEEP_FOLDER" if "resume=PATH" in refused else ""
+    return f"{LAUNCHER} trains {SUPPORTED}; not {', '.join(refused)} (run those without it{hint})"

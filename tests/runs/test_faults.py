@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import cli_env, rlrun, tensors_in
+from tests.conftest import cli_env, finish, rlrun, tensors_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.serial]
 
@@ -75,18 +75,6 @@ def _wait_for(path_glob: Path, proc: subprocess.Popen, timeout: float = 60) -> N
         time.sleep(0.05)
 
 
-def _finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str, float]:
-    """(stdout, stderr, seconds taken) of a run that must end within `timeout`; killed (and the test failed) if not."""
-    start = time.monotonic()
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return stdout, stderr, time.monotonic() - start
-
-
 @pytest.mark.parametrize("second", [False, True], ids=["one-signal", "two-signals"])
 def test_a_signal_during_the_final_evaluation_ends_it_with_the_checkpoint_and_resume_line(folder, second):
     """The final evaluation of an env that never ends runs until stopped: the first SIGINT ends it early (the run
@@ -100,7 +88,7 @@ def test_a_signal_during_the_final_evaluation_ends_it_with_the_checkpoint_and_re
     if second:
         time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-    stdout, stderr, seconds = _finish(proc, 30)
+    stdout, stderr, seconds = finish(proc, 30)
     assert seconds < 10, "the evaluation went on"
     assert proc.returncode == 128 + signal.SIGINT, stderr
     assert "Traceback" not in stderr and "Ctrl-C again to stop now" in stderr
@@ -122,7 +110,7 @@ def test_sigterm_during_a_periodic_evaluation_stops_the_run_at_the_next_iteratio
     time.sleep(2.0)
     assert not (run / "metrics.jsonl").exists()  # still evaluating: its interval is logged when the evaluation ends
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr, seconds = _finish(proc, 30)
+    stdout, stderr, seconds = finish(proc, 30)
     assert seconds < 10 and proc.returncode == 128 + signal.SIGTERM, stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
@@ -169,7 +157,7 @@ def test_ctrl_c_during_start_up_is_one_line(folder):
     proc = _start(folder, folder / "run", "total_steps=100000")
     _wait_for(folder / "run" / ".hydra", proc)
     proc.send_signal(signal.SIGINT)
-    _, stderr, seconds = _finish(proc, 30)
+    _, stderr, seconds = finish(proc, 30)
     assert seconds < 10 and proc.returncode == 128 + signal.SIGINT, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
 

@@ -25,8 +25,18 @@ def _iteration_steps(run) -> list[int]:
 
 @pytest.mark.timeout(180)
 def test_resume_auto_starts_fresh_in_an_empty_folder_and_continues_a_populated_one(tmp_path):
+    """The same command line twice (config groups chosen on it, as a requeued job's line has them): a fresh run,
+    then the run continued; a line whose groups name another algorithm is refused in one line."""
     run = tmp_path / "run"
-    args = ["train", "resume=auto", "logging.every_steps=256", *QUICK, f"hydra.run.dir={run}"]
+    args = [
+        "train",
+        "algo=ppo",
+        "env=cartpole",
+        "resume=auto",
+        "logging.every_steps=256",
+        *QUICK,
+        f"hydra.run.dir={run}",
+    ]
     out = rlrun(*args, "total_steps=2048", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     first = json.loads((run / "summary.json").read_text())
@@ -36,6 +46,9 @@ def test_resume_auto_starts_fresh_in_an_empty_folder_and_continues_a_populated_o
     second = json.loads((run / "summary.json").read_text())
     assert second["resumed_from"].endswith("ckpt_000000002048.pt") and second["env_steps"] == 4096
     assert _iteration_steps(run) == list(range(256, 4096 + 1, 256))
+    out = rlrun(*[a.replace("algo=ppo", "algo=a2c") for a in args], "total_steps=8192", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "resume=auto continues" in out.stderr and "this command line gives algo=a2c" in out.stderr
 
 
 @pytest.mark.dist

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -21,53 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import cli_env, free_port, read_jsonl, rlrun
+from tests.conftest import cli_env, free_port, metric_steps, read_jsonl, rlrun, wandb_run
 
-wandb_pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+pytest.importorskip("wandb.proto.wandb_internal_pb2")
 mlflow_client = pytest.importorskip("mlflow.tracking")
 
 pytestmark = [pytest.mark.slow]
 
 SMALL = ["eval.episodes=2", "eval.num_envs=2", "logging.every_steps=512", "logging.progress=plain"]
-
-
-def wandb_records(path: Path):
-    """The records of a W&B run file (run-ID.wandb): W&B's header, then LevelDB log blocks of 32 KiB whose chunks
-    (FULL=1, FIRST=2, MIDDLE=3, LAST=4) carry one protobuf Record each."""
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    pos, block, chunks = 7, 32768, b""
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
-        if left < 7 or (length == 0 and kind == 0):  # the block's padding
-            pos += left
-            continue
-        chunks += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):
-            record = wandb_pb.Record()
-            record.ParseFromString(chunks)
-            chunks = b""
-            yield record
-
-
-def wandb_run(run_dir: Path) -> dict:
-    """What W&B's offline files of a run folder hold: its ids, history rows {step: {key: value}}, config, group."""
-    runs = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    ids, history, config, group, tags = set(), [], {}, set(), set()
-    for path in runs:
-        for r in wandb_records(path):
-            kind = r.WhichOneof("record_type")
-            if kind == "run":
-                ids.add(r.run.run_id)
-                group.add(r.run.run_group)
-                tags |= set(r.run.tags)
-                config |= {u.key: json.loads(u.value_json) for u in r.run.config.update}
-            elif kind == "history":
-                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-                history.append((r.history.step.num, row))
-    return {"files": runs, "ids": ids, "history": history, "config": config, "group": group, "tags": tags}
 
 
 class MlflowServer:
@@ -157,10 +117,6 @@ def last_scalar(tb: Path, tag: str) -> tuple[int, float]:
     accumulator.Reload()
     point = accumulator.Scalars(tag)[-1]
     return point.step, point.value
-
-
-def metric_steps(history: list[tuple[int, dict]], key: str) -> list[int]:
-    return [step for step, row in history if key in row]
 
 
 def test_a_missing_tracker_package_or_name_is_one_line(tmp_path):

@@ -14,6 +14,7 @@ from rlrun.algos.ppo import PPO, PPOConfig
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
+from rlrun.errors import NonFiniteError
 from rlrun.seeding import TRAIN, torch_seed
 from tests.conftest import tensors_in
 
@@ -151,3 +152,42 @@ def test_a_seeds_checkpoint_state_loads_back_into_a_batch():
     assert batch.optimizer.steps.tolist() == [0, CARTPOLE.num_minibatches * CARTPOLE.update_epochs]
     for _, envs in fresh:
         envs.close()
+
+
+def test_a_stopped_seed_and_one_whose_gradient_goes_nan_stay_put_while_the_others_train_on():
+    """After a first update, seed 2 is stopped (stop_seed: its env failed) and seed 1's next rollout holds NaN
+    rewards: that update gives seed 1 the NonFiniteError its single run raises, and neither seed moves (weights,
+    Adam moments, step count) in it or the next; seeds 0 and 3 train exactly as in the same batch without either."""
+
+    def three_updates(fail: bool) -> tuple[list[PPO], list[list[torch.Tensor]], list]:
+        built = [seed_run(CARTPOLE, "CartPole-v1", seed) for seed in range(4)]
+        generators = [torch.Generator().set_state(torch.get_rng_state()) for _ in built]
+        batch = BatchedPPO([algo for algo, _ in built], generators)
+        envs = [e for _, e in built]
+        batch.collect(envs)
+        batch.update(progress=0.0)
+        batch.collect(envs)
+        if fail:
+            batch.stop_seed(2)
+            batch.rollout["rewards"][1] = float("nan")
+        before = [[t.clone() for t in tensors_in(algo.state_dict())] for algo, _ in built]
+        second = batch.update(progress=0.3)
+        batch.collect(envs)
+        batch.update(progress=0.6)
+        for e in envs:
+            e.close()
+        return [algo for algo, _ in built], before, second
+
+    failed, before, second = three_updates(fail=True)
+    healthy, _, _ = three_updates(fail=False)
+    assert isinstance(second[1], NonFiniteError) and str(second[1]) == "the PPO gradient norm is NaN"
+    assert all(isinstance(stats, dict) for s, stats in enumerate(second) if s != 1)
+    for s in (1, 2):
+        after = tensors_in(failed[s].state_dict())
+        assert len(after) == len(before[s]) and all(torch.equal(x, y) for x, y in zip(after, before[s]))
+        assert (
+            failed[s].state_dict()["optimizer"]["state"][0]["step"] == CARTPOLE.update_epochs * CARTPOLE.num_minibatches
+        )
+    for s in (0, 3):
+        a, b = tensors_in(failed[s].state_dict()), tensors_in(healthy[s].state_dict())
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))

@@ -10,11 +10,13 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from rlrun.algos import DQNConfig
 from rlrun.compose.hydra_compat import args_parser, parse_overrides
 from rlrun.compose.preflight import preflight
 from rlrun.compose.store import from_yaml, register_configs, to_yaml
+from rlrun.compose.sweep_resume import sweep_resume_args
 from rlrun.config import EnvConfig, ModelConfig, TrainConfig
 from rlrun.errors import UserError
 from tests.conftest import cli_env
@@ -194,3 +196,26 @@ def test_hydra_composes_from_the_live_config_store_not_a_copy_per_composition():
         assert source.load_config("registered_after_the_copy").config == {"x": 1}
     finally:
         del ConfigStore.instance().repo["registered_after_the_copy.yaml"]
+
+
+def test_resume_of_a_sweep_folder_is_the_sweeps_own_line_in_that_folder_each_job_from_its_newest_checkpoint(tmp_path):
+    """resume=SWEEP (a folder where Hydra wrote multirun.yaml) runs the sweep's line again (its launcher and
+    overrides, the resume line's own on top), in that folder, each job with resume=auto and its .hydra/ left as it
+    was; resume= of anything else is left to the single-run resume."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    saved = {"hydra/launcher=batched", "hydra.sweep.dir=/elsewhere", "hydra.mode=MULTIRUN"}
+    overrides = {"hydra": sorted(saved), "task": ["seed=0,1", "total_steps=1024", "eval.episodes=2"]}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": overrides}, "seed": 0}))
+    args = sweep_resume_args([f"resume={sweep}", "total_steps=2048"])
+    assert args[0] == "-m" and sorted(args[1:]) == sorted(
+        ["hydra/launcher=batched", "seed=0,1", "eval.episodes=2", "total_steps=2048", f"hydra.sweep.dir='{sweep}'"]
+        + ["hydra.output_subdir=null", "resume=auto"]
+    )
+    assert args.index("total_steps=2048") > args.index("seed=0,1")  # the resume line's on top
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    assert sweep_resume_args([f"resume={run}", "total_steps=2048"]) == [f"resume={run}", "total_steps=2048"]
+    (sweep / "multirun.yaml").write_text("hydra: 3")
+    with pytest.raises(UserError, match="cannot read the sweep's overrides from its multirun.yaml"):
+        sweep_resume_args([f"resume={sweep}"])
