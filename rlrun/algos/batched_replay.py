@@ -97,8 +97,8 @@ class BatchedReplay:
         shard_stats = [a.shards.gather(a.replay.stats()) for a in self.seeds]
         if shard_stats[0][:, 1].sum() < max(c.learning_starts, 1):
             for a, st in zip(self.seeds, shard_stats):
-                a._warn_if_stalled(len(st), int(st[:, 1].sum()))
-            return self.running.outcomes([a._stats(beta, []) for a in self.seeds])
+                a.warn_if_stalled(len(st), int(st[:, 1].sum()))
+            return self.running.outcomes([a.update_stats(beta, []) for a in self.seeds])
         steps = []
         for step in range(c.gradient_steps):
             live = [s for s, on in enumerate(self.running.mask.tolist()) if on]
@@ -151,4 +151,4 @@ class BatchedReplay:
         for all seeds in one reduction per stat, each over its own row), the update count, charts."""
         names = list(dict.fromkeys(k for s in steps for k in s))
         means = {k: torch.stack([s[k] for s in steps if k in s], 1).mean(1) for k in names}  # [S] each
-        return [a._stats(beta, [{k: m[s] for k, m in means.items()}]) for s, a in enumerate(self.seeds)]
+        return [a.update_stats(beta, [{k: m[s] for k, m in means.items()}]) for s, a in enumerate(self.seeds)]
