@@ -1,9 +1,9 @@
 """Several seeds of one config trained side by side in one process (issue 35; `hydra/launcher=batched`): each seed's
 run is built as its single run is (its envs, logger, checkpointer, evaluator and Loop, in its own run folder), and
-one batched learner collects and updates for all of them; then each seed's Loop logs, evaluates and checkpoints its
-own iteration as it would alone, so every folder holds what a single run's holds. A seed that fails ends alone, as
-its single run would (summary failed, recovery checkpoint), and the others go on; a signal stops every seed at the
-same iteration boundary, each with its checkpoint."""
+one batched learner of their algorithm (rlrun/algos/batched.py) collects and updates for all of them; then each
+seed's Loop logs, evaluates and checkpoints its own iteration as it would alone, so every folder holds what a single
+run's holds. A seed that fails ends alone, as its single run would (summary failed, recovery checkpoint), and the
+others go on; a signal stops every seed at the same iteration boundary, each with its checkpoint."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard, cast
+from typing import Any, TypeGuard, cast
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from rlrun.algos.batched_ppo import BatchedPPO, unbatchable
-from rlrun.algos.ppo import PPO
+from rlrun.algos.batched import BatchedAlgorithm, batch_of, unbatchable
 from rlrun.config.batched import LAUNCHER, SUPPORTED, batch_refusal
 from rlrun.envs.protocol import EndedEpisodes, StepResult, VectorEnv
 from rlrun.errors import NonFiniteError, UserError
@@ -93,17 +92,6 @@ def _seed(run: Run, generator: torch.Generator | None) -> Iterator[None]:
         working_for.reset(token)
 
 
-class Batch(Protocol):
-    """What the driver asks of a batched learner (BatchedPPO) while the seeds train: seed s's rollout on envs[s]; an
-    update of the seeds still training, giving each one's stats or the NonFiniteError that stopped it (before its
-    optimizer stepped); and stop_seed(s), after which seed s never moves again (it may come at any time, from inside
-    collect too)."""
-
-    def collect(self, envs: list[VectorEnv]) -> list[dict[str, Any]]: ...
-    def update(self, progress: float) -> list[dict[str, float] | NonFiniteError]: ...
-    def stop_seed(self, seed: int) -> None: ...
-
-
 def train_seeds(runs: list[Run]) -> list[Outcome]:
     """Train the seeds' runs (one config but the seed, one rank each) side by side; returns each one's outcome.
     Seeds that resume from different env steps (one failed before the others stopped) train as separate batches,
@@ -151,12 +139,12 @@ def _train_batch(runs: list[Run]) -> list[Outcome]:
                 local = replace(open_parts(run), stop=stop)
                 opened.append((run, local))
                 parts = build_parts(run, local)
-                reason = unbatchable(parts.algo)
+                reason = unbatchable(run.cfg.algo.name, parts.algo)
                 if reason is not None:
                     raise UserError(f"{LAUNCHER} trains {SUPPORTED}; not {reason}")
                 seeds.append(replace(parts, accelerations=[f"{len(runs)} seed{'s' if len(runs) > 1 else ''} batched"]))
                 generators.append(torch.Generator().set_state(torch.get_rng_state()))
-        batch = BatchedPPO([cast(PPO, parts.algo) for parts in seeds], generators)  # unbatchable checked it
+        batch = batch_of(runs[0].cfg.algo.name, [parts.algo for parts in seeds], generators)
         loops, evaluations = [], _AllEvaluations([parts.evaluator for parts in seeds])
         for run, parts, generator in zip(runs, seeds, generators):
             with _seed(run, generator):  # a resume restores the seed's stream into the global generator
@@ -201,7 +189,7 @@ class _Driver:
     alone, as its single run would: its recovery checkpoint and summary; the batch never steps it again. What fails
     outside any one seed (the batched learner itself) ends every seed still training."""
 
-    def __init__(self, loops: list[Loop], batch: Batch, generators: list[torch.Generator]) -> None:
+    def __init__(self, loops: list[Loop], batch: BatchedAlgorithm, generators: list[torch.Generator]) -> None:
         self.loops, self.batch, self.generators = loops, batch, generators
         self.outcomes: dict[int, Outcome] = {}  # each ended seed's
         self.envs: list[VectorEnv] = [
@@ -236,7 +224,7 @@ class _Driver:
         signal the batch stops for, or None to go on."""
         progress = lead.progress(lead.at.env_steps)
         with self._for_all():
-            collected = self.batch.collect(self.envs)
+            collected = self.batch.collect(self.envs, progress)
         if not self.running():  # every seed's envs failed, or the batch did
             return None
         for i in self.running():

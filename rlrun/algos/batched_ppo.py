@@ -5,19 +5,19 @@ all S. Read it next to rlrun/algos/ppo.py, the single-seed reference: each step 
 Each seed is as if alone. Its single-run PPO object (built as its single run builds it: same initialization, same
 RNG stream) stays the seed's state for checkpoints, evaluation and play; the stacked weights hold the same numbers
 laid out for speed, read from those objects at the start and written back after every update, and the seed's
-optimizer is its share of the stacked Adam, seen in torch.optim.Adam's format (SeedOptimizer). Nothing crosses
+optimizer is its own torch.optim.Adam over its slices of the stacked weights (stacked.py's SeedSteps), seen in its
+single run's format (SeedOptimizer). Nothing crosses
 seeds: random draws come from each seed's own torch.Generator (its single run's draws from torch's global one, in
 the same order), advantages are normalized per seed, the loss is the sum of per-seed means (so each seed's gradient
 is its own), gradients are clipped by each seed's own norm (one norm over the stack would couple them), and a seed
-whose target-KL stop fires takes no further step in that update: SeedAdam keeps a step count per seed and leaves a
-stopped seed's weights and moments as they are (a zeroed gradient would not: Adam's momentum would still move it).
+whose target-KL stop fires takes no further step in that update: its slices get no gradient, so its Adam leaves its
+weights, moments and step count as they are (a zeroed gradient would not: Adam's momentum would still move it).
 The same mask stops a seed for good (stop_seed: its env failed, or its gradient norm went non-finite, which update
 finds per seed before the optimizer steps): it still rides along in the batched forward, but never moves again."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -28,8 +28,19 @@ from rlrun.algos.finite import nonfinite_error
 from rlrun.algos.parts import MakeOptimizer
 from rlrun.algos.ppo import PPO, STATS
 from rlrun.algos.protocol import episodes_of
-from rlrun.algos.returns import compute_gae, explained_variance
+from rlrun.algos.returns import explained_variance
 from rlrun.algos.rollout_step import observe_step
+from rlrun.algos.stacked import (
+    Layout,
+    SeedOptimizer,
+    SeedSteps,
+    clip_grad_norm_per_seed,
+    gae_per_seed,
+    layout_ties,
+    row,
+    same,
+    transposed,
+)
 from rlrun.config.batched import LAUNCHER, SUPPORTED
 from rlrun.envs.protocol import Episodes, VectorEnv
 from rlrun.errors import NonFiniteError
@@ -42,35 +53,16 @@ def unbatchable(algo: object) -> str | None:
     """Why the built algorithm `algo` cannot train in a batch of seeds, or None when it can."""
     if not isinstance(algo, PPO):
         return f"{type(algo).__name__}"
-    model = algo.model
+    return unstackable(algo.model)
+
+
+def unstackable(model: object) -> str | None:
+    """Why the actor-critic `model` cannot be one of a BatchedActorCritic's, or None when it can."""
     if type(model) is not ActorCritic or not isinstance(model.trunk, TwinMLP):
         return f"a {type(model).__name__} network that is not model=mlp with model.shared=false"
     if model.kind not in ("categorical", "gaussian"):
         return f"{model.kind} actions"
     return None
-
-
-# How a seed's own parameter maps onto its slice of a stacked one: (the stacked parameter's name, the seed's parameter
-# in its ActorCritic (nn.Module.get_parameter's path), the view of a tensor of that parameter's shape laid out as the
-# slice).
-Layout = tuple[str, str, Callable[[Tensor], Tensor]]
-
-
-def _transposed(t: Tensor) -> Tensor:
-    return t.T
-
-
-def _row(t: Tensor) -> Tensor:
-    return t[None]
-
-
-def _same(t: Tensor) -> Tensor:
-    return t
-
-
-def _grad(p: Tensor) -> Tensor:
-    assert p.grad is not None, "a step before a backward"
-    return p.grad
 
 
 class BatchedActorCritic(nn.Module):
@@ -94,17 +86,17 @@ class BatchedActorCritic(nn.Module):
         self.hidden = first.trunk.out_dim
         depth = len(first.trunk.weights)
         self.layouts: list[Layout] = [
-            ("first_w", "trunk.first.weight", _transposed),  # [S, in, 2h]: actor and critic columns
-            ("first_b", "trunk.first.bias", _row),
-            *[(f"hidden_w.{i}", f"trunk.weights.{i}", _same) for i in range(depth)],  # [S, 2, h, h]
-            *[(f"hidden_b.{i}", f"trunk.biases.{i}", _same) for i in range(depth)],  # [S, 2, 1, h]
-            ("policy_w", "policy_head.weight", _transposed),  # [S, h, P]
-            ("policy_b", "policy_head.bias", _row),
-            ("value_w", "value_head.weight", _transposed),  # [S, h, 1]
-            ("value_b", "value_head.bias", _row),
+            ("first_w", "trunk.first.weight", transposed),  # [S, in, 2h]: actor and critic columns
+            ("first_b", "trunk.first.bias", row),
+            *[(f"hidden_w.{i}", f"trunk.weights.{i}", same) for i in range(depth)],  # [S, 2, h, h]
+            *[(f"hidden_b.{i}", f"trunk.biases.{i}", same) for i in range(depth)],  # [S, 2, 1, h]
+            ("policy_w", "policy_head.weight", transposed),  # [S, h, P]
+            ("policy_b", "policy_head.bias", row),
+            ("value_w", "value_head.weight", transposed),  # [S, h, 1]
+            ("value_b", "value_head.bias", row),
         ]
         if self.kind == "gaussian":
-            self.layouts.append(("log_std", "log_std", _row))  # [S, 1, D]
+            self.layouts.append(("log_std", "log_std", row))  # [S, 1, D]
         stacked = {
             name: nn.Parameter(torch.stack([view(m.get_parameter(path).detach()) for m in models]))
             for name, path, view in self.layouts
@@ -175,101 +167,6 @@ class BatchedActorCritic(nn.Module):
         )
 
 
-def _per_seed(x: Tensor, S: int) -> tuple[int, ...]:
-    """The shape that broadcasts a per-seed [S] tensor against x [S, ...]."""
-    return (S, *([1] * (x.dim() - 1)))
-
-
-def clip_grad_norm_per_seed(params: Sequence[Tensor], max_norm: float) -> Tensor:
-    """nn.utils.clip_grad_norm_ for each seed alone, on parameters [S, ...] whose slices s make up seed s's
-    parameters; returns each seed's gradient norm before clipping [S]."""
-    S = params[0].shape[0]
-    norms = torch.stack([_grad(p).reshape(S, -1).square().sum(1) for p in params]).sum(0).sqrt()
-    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)  # torch's clip_coef, clamped as it clamps it
-    for p in params:
-        _grad(p).mul_(scale.view(_per_seed(p, S)))
-    return norms
-
-
-class SeedAdam:
-    """Adam (Kingma and Ba 2015; torch.optim.Adam's update, without weight decay) on parameters [S, ...] with a step
-    count per seed: step(active) moves only the seeds marked active and leaves the others' weights, moments and
-    counts as they were. Adam being elementwise, this is S independent Adams."""
-
-    def __init__(self, params: list[nn.Parameter], lr: float, eps: float, betas: tuple[float, float] = (0.9, 0.999)):
-        self.params, self.lr, self.eps, self.betas = params, lr, eps, betas
-        self.S = params[0].shape[0]
-        self.steps = torch.zeros(self.S, dtype=torch.float64)
-        self.exp_avg = [torch.zeros_like(p) for p in params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self, active: Tensor) -> None:
-        """One Adam step for the seeds where active [S] (bool) is true."""
-        b1, b2 = self.betas
-        steps = self.steps + active.double()
-        step_size = (self.lr / (1 - b1**steps)).float()
-        bias2_sqrt = (1 - b2**steps).sqrt().float()
-        everyone = bool(active.all())
-        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
-            shape = _per_seed(p, self.S)
-            g = _grad(p)
-            new_m = m.lerp(g, 1 - b1)
-            new_v = v.mul(b2).addcmul_(g, g, value=1 - b2)
-            denom = (new_v.sqrt() / bias2_sqrt.view(shape)).add_(self.eps)
-            new_p = p - step_size.view(shape) * new_m / denom
-            if not everyone:  # a stopped seed keeps all it had
-                on = active.view(shape)
-                new_m, new_v, new_p = torch.where(on, new_m, m), torch.where(on, new_v, v), torch.where(on, new_p, p)
-            m.copy_(new_m)
-            v.copy_(new_v)
-            p.copy_(new_p)
-        self.steps = steps
-
-
-class SeedOptimizer:
-    """Seed s's share of a SeedAdam as the seed's PPO holds its optimizer (PPOParts.make_optimizer): state_dict() and
-    load_state_dict() in torch.optim.Adam's format over the seed's own parameters (the order `params` has), so the
-    seed's checkpoint is a single run's and a single run's checkpoint loads into the batch. It takes no steps."""
-
-    def __init__(
-        self, adam: SeedAdam, seed: int, layouts: list[Layout], model: nn.Module, params: list[nn.Parameter]
-    ) -> None:
-        self.adam, self.seed = adam, seed
-        own = [model.get_parameter(path) for _, path, _ in layouts]
-        # For each of the seed's parameters, in its order: its stacked parameter's index and its slice's layout.
-        self.slots = [(j, layouts[j][2]) for p in params for j, q in enumerate(own) if q is p]
-        self.params = params
-        self.param_groups = [{"lr": adam.lr}]
-
-    def state_dict(self) -> dict[str, Any]:
-        a, s = self.adam, self.seed
-        group = {"lr": a.lr, "betas": a.betas, "eps": a.eps, "weight_decay": 0.0, "amsgrad": False, "maximize": False}
-        group |= {"foreach": None, "capturable": False, "differentiable": False, "fused": None}
-        group["decoupled_weight_decay"] = False
-        group["params"] = list(range(len(self.params)))
-        state = {}
-        if a.steps[s] > 0:  # torch.optim.Adam holds no state for a parameter never stepped
-            for i, (p, (j, view)) in enumerate(zip(self.params, self.slots)):
-                m, v = torch.zeros_like(p), torch.zeros_like(p)
-                view(m).copy_(a.exp_avg[j][s])
-                view(v).copy_(a.exp_avg_sq[j][s])
-                state[i] = {"step": torch.tensor(float(a.steps[s])), "exp_avg": m, "exp_avg_sq": v}
-        return {"state": state, "param_groups": [group]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        a, s = self.adam, self.seed
-        saved = state["state"]
-        a.steps[s] = float(saved[0]["step"]) if saved else 0.0
-        for i, (j, view) in enumerate(self.slots):
-            for moments, key in ((a.exp_avg, "exp_avg"), (a.exp_avg_sq, "exp_avg_sq")):
-                moments[j][s].copy_(view(saved[i][key])) if saved else moments[j][s].zero_()
-
-
 class BatchedPPO:
     """S seeds' PPO trained together: collect steps every seed's vector env after one batched forward; update runs
     all seeds' epochs and minibatches with one batched forward and backward per minibatch. `seeds`: each seed's
@@ -285,12 +182,15 @@ class BatchedPPO:
         self.cfg = seeds[0].cfg
         self.S, self.N, self.device = len(seeds), seeds[0].num_envs, seeds[0].device
         self.model = BatchedActorCritic(self._networks())
-        self.optimizer = SeedAdam(self.model.seed_parameters(), self.cfg.lr, self.cfg.adam_eps)
-        for s, a in enumerate(seeds):  # PPO's declared optimizer part: each seed's becomes its share of SeedAdam
+        # Each seed's own optimizer (PPO's declared part, as its single run makes it) over its slices of the stack.
+        make = seeds[0].parts.make_optimizer
+        self.optimizer = SeedSteps(self.model.seed_parameters(), make)
+        for s, a in enumerate(seeds):  # each seed's optimizer becomes its share of the stack's
             if "optimizer" in vars(a):
                 raise ValueError("a seed's optimizer was built before the batch: its state would be left behind")
             # PPO asks of its optimizer only what SeedOptimizer has (state_dict, load_state_dict, param_groups).
-            share = functools.partial(SeedOptimizer, self.optimizer, s, self.model.layouts, a.model)
+            ties = layout_ties(self.model, self.model.layouts, s, a.model)
+            share = functools.partial(SeedOptimizer, self.optimizer, ties)
             a.parts.make_optimizer = cast(MakeOptimizer, share)
         self.rollout = self._share_rollouts()
         self.running = torch.ones(self.S, dtype=torch.bool)  # the seeds not stopped for good (stop_seed)
@@ -315,11 +215,11 @@ class BatchedPPO:
 
     def load_seeds(self) -> None:
         """Take the seeds' networks' weights (at the start, and after each loaded a checkpoint; their optimizer
-        states load straight into SeedAdam, through SeedOptimizer)."""
+        states load straight into SeedSteps, through SeedOptimizer)."""
         self.model.read_from(self._networks())
 
     def write_seeds(self) -> None:
-        """Give each seed's network its weights (its optimizer state is SeedAdam's, read through SeedOptimizer)."""
+        """Give each seed's network its weights (its optimizer state is SeedSteps', read through SeedOptimizer)."""
         self.model.write_to(self._networks())
 
     def stop_seed(self, seed: int) -> None:
@@ -329,9 +229,9 @@ class BatchedPPO:
         self.running[seed] = False
 
     @torch.inference_mode()
-    def collect(self, envs: list[VectorEnv]) -> list[dict[str, Any]]:
+    def collect(self, envs: list[VectorEnv], progress: float = 0.0) -> list[dict[str, Any]]:
         """One rollout of num_steps x num_envs for every seed, seed s on envs[s]; each seed's collect result (what
-        PPO.collect returns)."""
+        PPO.collect returns). (`progress`, as PPO.collect's, anneals nothing here.)"""
         T, S, r = self.cfg.num_steps, self.S, self.rollout
         self.model.eval()
         for a in self.seeds:
@@ -378,31 +278,15 @@ class BatchedPPO:
         self.model.train()
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
         self.optimizer.lr = lr
-        # GAE is elementwise per env: the seeds' envs side by side, [T, S * N].
-
-        def seeds_side_by_side(x: Tensor) -> Tensor:  # [S, T, N] -> [T, S * N]
-            return x.transpose(0, 1).flatten(1).to(self.device)
-
-        done = seeds_side_by_side(r["terminated"] | r["truncated"])
-        advantages, returns = compute_gae(
-            seeds_side_by_side(r["rewards"]),
-            seeds_side_by_side(r["values"]),
-            seeds_side_by_side(r["next_values"]),
-            seeds_side_by_side(r["terminated"]),
-            done,
-            c.gamma,
-            c.gae_lambda,
+        advantages, returns = gae_per_seed(
+            r["rewards"], r["values"], r["next_values"], r["terminated"], r["truncated"], c.gamma, c.gae_lambda
         )
-
-        def per_seed(x: Tensor) -> Tensor:  # [T, S * N] -> [S, T, N]
-            return x.view(x.shape[0], S, self.N).transpose(0, 1)
-
         batch = {
             "obs": r["obs"],
             "actions": r["actions"],
             "old_log_probs": r["log_probs"],
-            "advantages": per_seed(advantages),
-            "returns": per_seed(returns),
+            "advantages": advantages,
+            "returns": returns,
             "old_values": r["values"],
         }
         flat = {k: v.flatten(1, 2) for k, v in batch.items()}  # [S, T * N, ...]

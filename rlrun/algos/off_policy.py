@@ -159,8 +159,8 @@ class ReplayAlgorithm:
         beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
         shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
         if shard_stats[:, 1].sum() < max(c.learning_starts, 1):
-            self._warn_if_stalled(len(shard_stats), int(shard_stats[:, 1].sum()))
-            return self._stats(beta, [])
+            self.warn_if_stalled(len(shard_stats), int(shard_stats[:, 1].sum()))
+            return self.update_stats(beta, [])
         steps = []
         for step in range(c.gradient_steps):
             if step > 0 and c.replay.prioritized:  # priorities changed: the shards' masses too (uniform: not)
@@ -174,9 +174,9 @@ class ReplayAlgorithm:
             steps.append(stats)
         if c.replay.prioritized:  # new items enter at the largest priority any shard has seen, as in one buffer
             replay.max_priority = float(self.shards.gather(torch.tensor([replay.max_priority])).max())
-        return self._stats(beta, steps)
+        return self.update_stats(beta, steps)
 
-    def _warn_if_stalled(self, shards: int, items: int) -> None:
+    def warn_if_stalled(self, shards: int, items: int) -> None:
         """Say once when the replay should hold learning_starts items by now (every step it saw, but the n-step
         windows and frame stacks still open) and updates have not started."""
         c = self.cfg
@@ -191,7 +191,7 @@ class ReplayAlgorithm:
                 c.learning_starts,
             )
 
-    def _stats(self, beta: float, steps: list[dict[str, Tensor]]) -> dict[str, float]:
+    def update_stats(self, beta: float, steps: list[dict[str, Tensor]]) -> dict[str, float]:
         """What an update logs: the mean of its steps' stats once it has made any, the update count and charts."""
         out = self.charts() | {"charts/updates": float(self.updates)}
         if steps:  # a stat's mean over the steps that made it; one transfer for all (not a device sync each)

@@ -208,28 +208,36 @@ class ReplayBuffer:
     def mass(self, items: np.ndarray) -> np.ndarray:
         return self.tree[items] if self.tree is not None else self.live[items // self.num_envs].astype(np.float64)
 
-    def sample(self, count: int) -> np.ndarray:
+    def sample(self, count: int, generator: torch.Generator | None = None) -> np.ndarray:
         """`count` items drawn i.i.d. with probability mass_i / total (uniform over live items for uniform
-        replay), from torch's global RNG."""
+        replay), from `generator` (torch's global one when None)."""
         if self.tree is not None:
-            return self.tree.find(torch.rand(count, dtype=torch.float64).numpy() * self.tree.total)
+            return self.tree.find(torch.rand(count, dtype=torch.float64, generator=generator).numpy() * self.tree.total)
         # Uniform over the rows in use, redrawing the few that are not live (the newest n, the k-1 after the
         # write head, context rows): uniform over live items, without a tree walk.
         in_use = min(self.written, self.rows) * self.num_envs
         items = np.zeros(0, dtype=np.int64)
         while len(items) < count:
-            draw = torch.randint(in_use, (count - len(items),)).numpy()
+            draw = torch.randint(in_use, (count - len(items),), generator=generator).numpy()
             items = np.concatenate([items, draw[self.live[draw // self.num_envs]]])
         return items
 
     def sample_global(
-        self, shard_stats: Tensor, shard: int, batch_size: int, beta: float, generator: torch.Generator
+        self,
+        shard_stats: Tensor,
+        shard: int,
+        batch_size: int,
+        beta: float,
+        generator: torch.Generator,
+        draws: torch.Generator | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """This shard's part of a global batch of len(shard_stats) x batch_size draws from all shards as one
-        buffer: (items, importance weights). `shard_stats` [W, 4] is every shard's stats(), gathered."""
+        buffer: (items, importance weights). `shard_stats` [W, 4] is every shard's stats(), gathered; `generator`
+        is the stream shared by the shards, `draws` this shard's own (torch's global one when None; a batch of
+        seeds gives each seed's its own)."""
         masses = shard_stats[:, 0]
         counts = shard_counts(masses, len(shard_stats) * batch_size, generator)
-        items = self.sample(int(counts[shard]))
+        items = self.sample(int(counts[shard]), draws)
         if self.alpha is None:
             return items, np.ones(len(items))
         size, min_mass = float(shard_stats[:, 1].sum()), float(shard_stats[:, 2].min())

@@ -88,7 +88,8 @@ def test_what_a_batch_does_not_train_is_refused_in_one_line_before_any_folder(tm
     )
     assert out.returncode == 2 and not (tmp_path / "outputs").exists()
     line = out.stderr.strip()
-    assert "\n" not in line and "not model=lstm, env.vector.backend=subproc" in line and "PPO with model=mlp" in line
+    assert "\n" not in line and "not model=lstm, env.vector.backend=subproc" in line
+    assert "PPO and A2C with model=mlp" in line
     out = rlrun("train", "-m", "seed=0,1", "hydra/launcher=batched", f"resume={tmp_path / 'ckpt.pt'}", cwd=tmp_path)
     assert out.returncode == 2 and not (tmp_path / "outputs").exists()
     assert (
@@ -247,3 +248,39 @@ def test_a_batch_resumed_from_its_sweep_folder_continues_each_seed_exactly(tmp_p
         assert a["env_steps"] == 2048 and [s["end_steps"] for s in a["record"]["sessions"]] == [1024, 2048]
         assert all(torch.equal(x, y) for x, y in zip(tensors_in(a["algo"]), tensors_in(b["algo"]), strict=True))
         assert torch.equal(a["ranks"][0]["rng"], b["ranks"][0]["rng"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a2c_dqn_sac_and_td3_seeds_batch_into_single_runs_folders(tmp_path):
+    """Each of the other algorithms trains its seeds in a batch (one sweep, a batch per algorithm) into folders that
+    hold a single run's, with each seed's own learning; a seed's checkpoint resumes as a single run (its optimizers'
+    states, three Adams for SAC, in torch.optim's format)."""
+    discrete, continuous = tmp_path / "discrete", tmp_path / "continuous"
+    for sweep, args in (
+        (discrete, ["algo=a2c,dqn", "total_steps=1536"]),  # DQN's tuned CartPole: 128 updates per 256 steps from 1k
+        # updates from 100 and 1000 transitions (the presets'), 4 at a time
+        (continuous, ["algo=sac,td3", "env=pendulum", "env.num_envs=4", "total_steps=1024"]),
+    ):
+        out = rlrun(
+            "train", "-m", "seed=0,1", *args, "model.hidden_sizes=[32,32]", "hydra/launcher=batched",
+            f"hydra.sweep.dir={sweep}", "eval.episodes=1", "logging.every_steps=64", "checkpoint.every_steps=0",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-4000:]
+        assert out.stdout.count("Training 2 seeds in one process") == 2
+    folders = {}  # (algo, seed) -> its run folder
+    for run in [*discrete.iterdir(), *continuous.iterdir()]:
+        if run.is_dir() and (run / "summary.json").exists():
+            summary = json.loads((run / "summary.json").read_text())
+            algo = next(o.split("=")[1] for o in summary["overrides"] if o.startswith("algo="))
+            assert summary["status"] == "completed" and "2 seeds batched" in (run / "train.log").read_text()
+            assert any(k.startswith("losses/") for m in read_jsonl(run / "metrics.jsonl") for k in m)
+            folders[algo, summary["seed"]] = run
+    assert sorted(folders) == [(a, s) for a in ("a2c", "dqn", "sac", "td3") for s in (0, 1)]
+    for algo in ("a2c", "dqn", "sac", "td3"):  # the two seeds of each batch trained apart
+        assert losses(folders[algo, 0]) != losses(folders[algo, 1])
+    out = rlrun("train", f"resume={folders['sac', 1]}", "total_steps=1088", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads((folders["sac", 1] / "summary.json").read_text())
+    assert summary["status"] == "completed" and [s["end_steps"] for s in summary["sessions"]] == [1024, 1088]
