@@ -17,11 +17,13 @@ before the script starts and none of it inside the script (bench/cleanrl_compat.
 - `distutils.util.strtobool` is supplied where Python no longer has distutils (3.12 on).
 - `torch.set_num_threads(threads)` before the script; `--cuda False`; the script writes its TensorBoard files and
   `runs/` into a temporary folder (its working directory).
-Steps/s is the script's own (its last `SPS:` line: steps over seconds since its training loop started, as rlrun's
-excludes start-up). The final eval takes the trained networks from the script's globals after it ends (dqn's greedy Q,
-SAC's tanh of the mean, TD3's actor, PPO's most likely action, or samples where eval.deterministic=false) and plays
-rlrun's evaluation (rlrun.evaluation.Evaluator: eval.episodes on rlrun's eval envs, its seeds) for the rlrun config
-`--eval` composes. Needs the bench extra (stable-baselines3: dqn, sac and td3 use its ReplayBuffer).
+Steps/s is the script's own formula (`global_step / (time.time() - start_time)`, start_time set before its loop, so
+start-up is left out as rlrun's SPS leaves it out), taken from its globals when it ends rather than from its last `SPS:`
+line, which is printed every 100 steps once updates start (none before). The final eval takes the trained networks
+from the script's globals after it ends (dqn's greedy Q, SAC's tanh of the mean, TD3's actor, PPO's most likely
+action, or samples where eval.deterministic=false) and plays rlrun's evaluation (rlrun.evaluation.Evaluator:
+eval.episodes on rlrun's eval envs, its seeds) for the rlrun config `--eval` composes. Needs the bench extra
+(stable-baselines3: dqn, sac and td3 use its ReplayBuffer).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import runpy
 import shlex
 import subprocess
@@ -53,7 +54,7 @@ RESULT = "CLEANRL_RESULT "
 
 @dataclass
 class PeerResult:
-    sps: float  # the script's own, over its training loop
+    sps: float  # the script's own formula, over its training loop
     eval_return: float | None  # mean over rlrun's eval episodes; None without --eval
     steps: int  # env steps at its last SPS line
     seconds: float  # the script's wall time, start-up included
@@ -170,44 +171,21 @@ def _worker(spec: dict[str, Any]) -> PeerResult:
     sys.argv = [str(path), "--cuda", "False", *spec["args"]]
     start = time.perf_counter()
     g = runpy.run_path(str(path), run_name="__main__")
-    seconds = time.perf_counter() - start
-    sps_lines = re.findall(r"^SPS: (\d+)$", _captured.getvalue(), re.M)
-    if not sps_lines:
-        raise RuntimeError("the script printed no SPS line (too few steps to train?)")
+    seconds, end = time.perf_counter() - start, time.time()
     # PPO's global_step counts env steps taken; the others' is the index of the last step.
     steps = int(g["global_step"]) + (0 if spec["script"].startswith("ppo") else 1)
+    sps = steps / (
+        end - g["start_time"]
+    )  # the scripts' own SPS formula (steps / time.time() since start_time), at the end
     seed = int(g["args"].seed)
     eval_return = _evaluate(spec["script"], g, spec["eval"], spec["threads"], seed) if spec["eval"] else None
-    return PeerResult(sps=float(sps_lines[-1]), eval_return=eval_return, steps=steps, seconds=seconds)
-
-
-class _Captured:
-    """The script's stdout, kept (for its SPS lines) instead of printed: it prints a line per episode."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.parts.append(text)
-        return len(text)
-
-    def flush(self) -> None: ...
-
-    def getvalue(self) -> str:
-        return "".join(self.parts)
-
-
-_captured = _Captured()
+    return PeerResult(sps=sps, eval_return=eval_return, steps=steps, seconds=seconds)
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        real, sys.stdout = sys.stdout, _captured  # type: ignore[assignment]
-        try:
-            result = _worker(json.loads(sys.argv[2]))
-        finally:
-            sys.stdout = real
-        print(RESULT + json.dumps(result.__dict__))
+        result = _worker(json.loads(sys.argv[2]))
+        print("\n" + RESULT + json.dumps(result.__dict__))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("script", choices=SCRIPTS)
