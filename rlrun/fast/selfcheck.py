@@ -175,22 +175,28 @@ class CheckedDQNLearner(nn.Module):
 
 class CheckedQTargets:
     """DQN's targets part ((next_obs, returns, discount) -> targets): the fused forward passes, checked against the
-    reference's on every call until one where the online and target networks choose different actions for some of
-    the batch (while they choose alike, as at the first update, double DQN's choice, and an edit to it, would not
-    show), and the reference for the rest of the run if they differ."""
+    reference's on the first call, and again on the first call where the online and target networks choose different
+    actions for some of the batch (while they choose alike, as at the first update, double DQN's choice, and an edit to
+    it, would not show), looked for over the first LOOK calls (two small forward passes each); the reference for the
+    rest of the run if they differ."""
 
     NAME, REFERENCE = "fused DQN targets", "algos/dqn.py (q_targets)"
+    LOOK = 500
 
     def __init__(self, fast: Any, reference: Callable[[Tensor, Tensor, Tensor], Tensor]):
         self.fast, self.reference = fast, reference
-        self.active, self.checking = fast, True
+        self.active, self.calls = fast, 0
 
     def __call__(self, next_obs: Tensor, returns: Tensor, discount: Tensor) -> Tensor:
-        if self.checking:
-            self.checking = self.fast.choices_agree(next_obs)
-            ours, expected = self.fast(next_obs, returns, discount), self.reference(next_obs, returns, discount)
-            if steps_aside(self.NAME, self.REFERENCE, difference(ours, expected)):
-                self.active, self.checking = self.reference, False
+        if self.calls < self.LOOK:
+            self.calls += 1
+            parted = not self.fast.choices_agree(next_obs)
+            if parted or self.calls == 1:
+                ours, expected = self.fast(next_obs, returns, discount), self.reference(next_obs, returns, discount)
+                if steps_aside(self.NAME, self.REFERENCE, difference(ours, expected)):
+                    self.active, parted = self.reference, True
+            if parted:
+                self.calls = self.LOOK
         result: Tensor = self.active(next_obs, returns, discount)
         return result
 
