@@ -104,21 +104,18 @@ def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
     _flat_adam(parts, c.lr, c.adam_eps)
     algo.optimizer  # noqa: B018 (built now, not on first use: numpy acting takes views of its buffer)
     applied = ["flat Adam"]
-    if not fusable_q(model):
+    if not fusable_q(model) or algo.device.type != "cpu":
         return applied
-    # One autograd node for the loss (hand-written gradient) instead of ~25, and the targets' forward passes as a few
-    # matmuls instead of module calls: on a small MLP the update is operator overhead. Checked against DQNLearner
-    # and q_targets on the first update (the targets until the online and target networks part).
+    # One autograd node for the loss (hand-written gradient) instead of ~25, it and the targets' forward passes in
+    # numpy: on a small MLP the update is operator overhead. Checked against DQNLearner and q_targets on the first
+    # update (the targets again where the online and target networks' choices part).
     parts.learner = CheckedDQNLearner(FusedDQNLearner(model, c.batch_size, c.loss), parts.learner, algo.trained)
     parts.targets = CheckedQTargets(FusedQTargets(model, algo.target, c.double_q), parts.targets)
-    applied += ["fused DQN loss", "fused DQN targets"]
-    if algo.device.type == "cpu":
-        # Acting in numpy on views of the live weights, the forward pass only for the envs that act greedily: with
-        # one env, a torch forward per env step was a third of the run. Checked against DQN's acting on the first step.
-        q_values = lambda obs: model(algo._obs(obs))  # noqa: E731
-        parts.epsilon_greedy = CheckedEpsilonGreedy(NumpyEpsilonGreedy(model), parts.epsilon_greedy, q_values)
-        applied.append("numpy epsilon-greedy acting")
-    return applied
+    # Acting in numpy on views of the live weights, the forward pass only for the envs that act greedily: with one
+    # env, a torch forward per env step was a third of the run. Checked against DQN's acting on the first step.
+    q_values = lambda obs: model(algo._obs(obs))  # noqa: E731
+    parts.epsilon_greedy = CheckedEpsilonGreedy(NumpyEpsilonGreedy(model), parts.epsilon_greedy, q_values)
+    return applied + ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
 
 
 def _flat_adam(parts: PPOParts | OptimizerParts | DQNParts, lr: float, eps: float) -> None:

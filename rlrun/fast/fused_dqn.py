@@ -1,6 +1,7 @@
-"""DQN's update for rlrun's MLP Q-network (QNetwork on an MLP encoder, plain head, no action masks) with the loss's
-gradient written by hand: one autograd node for the loss instead of ~25, and the targets' forward passes as a few
-matmuls instead of module calls. On CPU a small network's update is operator overhead. The math is DQNLearner's and
+"""DQN's update for rlrun's MLP Q-network (QNetwork on an MLP encoder, plain head, no action masks) on CPU, with the
+loss's gradient written by hand: one autograd node for the loss instead of ~25, and it and the targets' forward passes
+in numpy, whose calls cost a fraction of a torch operator's at these sizes. On CPU a small network's update is operator
+overhead. The math is DQNLearner's and
 q_targets' (rlrun/algos/dqn.py), which tests/unit/test_fast_paths.py checks; a run checks it too, on its first update
 (fast/selfcheck.py), and runs the reference if a change there is not made here as well."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -41,57 +43,63 @@ def relu_encoder(model: QNetwork) -> bool:
     return any(isinstance(m, nn.ReLU) for m in model.encoder)
 
 
-def q_forward(obs: Tensor, params: list[Tensor], relu: bool) -> tuple[list[Tensor], Tensor]:
-    """(the input and each hidden activation [B, h], Q-values [B, A]) of obs [B, ...], as QNetwork's forward."""
-    acts = [obs.flatten(1).float()]
+def q_forward(obs: np.ndarray, params: list[np.ndarray], relu: bool) -> tuple[list[np.ndarray], np.ndarray]:
+    """(the input and each hidden activation [B, h], Q-values [B, A]) of obs [B, ...], as QNetwork's forward, in numpy
+    on views of the parameters (weights [out, in], biases [out])."""
+    acts = [obs.reshape(len(obs), -1).astype(np.float32, copy=False)]
     *hidden, w, b = params
     for wi, bi in zip(hidden[::2], hidden[1::2]):
-        z = torch.addmm(bi, acts[-1], wi.t())
-        acts.append(z.relu_() if relu else z.tanh_())
-    return acts, torch.addmm(b, acts[-1], w.t())
+        z = acts[-1] @ wi.T
+        z += bi
+        acts.append(np.maximum(z, 0, out=z) if relu else np.tanh(z, out=z))
+    q = acts[-1] @ w.T
+    q += b
+    return acts, q
+
+
+def _numpy(tensors: list[Tensor]) -> list[np.ndarray]:
+    return [t.detach().numpy() for t in tensors]  # views: the optimizer updates the parameters in place
 
 
 class FusedDQNLoss(torch.autograd.Function):
-    """DQNLearner's loss with a hand-written backward: forward(loss kind, relu, batch_size, obs, actions, targets,
-    weights, *q_params) -> (loss, |TD errors| [B], Q(s, a) [B]); only the loss is differentiable."""
+    """DQNLearner's loss with a hand-written backward, in numpy (CPU tensors): forward(loss kind, relu, batch_size, obs,
+    actions, targets, weights, *q_params) -> (loss, |TD errors| [B], Q(s, a) [B]); only the loss is differentiable."""
 
     @staticmethod
     def forward(
         ctx: Any, kind: str, relu: bool, batch_size: int, obs: Tensor, actions: Tensor, targets: Tensor,
         weights: Tensor, *params: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-        acts, q = q_forward(obs, list(params), relu)
-        index = actions.unsqueeze(1)
-        q_taken = q.gather(1, index).squeeze(1)
-        td = q_taken - targets
+        p = _numpy(list(params))
+        acts, q = q_forward(obs.numpy(), p, relu)
+        rows, taken = np.arange(len(q)), actions.numpy()
+        td = q[rows, taken] - targets.numpy()
+        w = weights.numpy()
         if kind == "huber":  # F.huber_loss with delta 1
-            per_item = torch.where(td.abs() < 1.0, 0.5 * td.square(), td.abs() - 0.5)
+            per_item = np.where(np.abs(td) < 1.0, 0.5 * np.square(td), np.abs(td) - 0.5)
         else:
-            per_item = td.square()
-        loss = (weights * per_item).sum() / batch_size
-        ctx.save_for_backward(index, td, weights, *acts, *params)
+            per_item = np.square(td)
+        loss = torch.tensor(float((w * per_item).sum(dtype=np.float64)) / batch_size)
+        ctx.arrays = (rows, taken, td, w, acts, p)
         ctx.kind, ctx.relu, ctx.batch_size, ctx.num_actions = kind, relu, batch_size, q.shape[1]
-        td_abs = td.abs()
+        td_abs, q_taken = torch.from_numpy(np.abs(td)), torch.from_numpy(q[rows, taken])
         ctx.mark_non_differentiable(td_abs, q_taken)
         return loss, td_abs, q_taken
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
-        index, td, weights, *rest = ctx.saved_tensors
-        n_layers = len(rest) // 3  # len(acts) = hidden layers + 1 = n_layers; params: 2 per layer
-        acts, params = rest[:n_layers], rest[n_layers:]
-        d_item = td.clamp(-1.0, 1.0) if ctx.kind == "huber" else 2.0 * td  # d per_item / d Q(s, a)
-        g_taken = (g_loss / ctx.batch_size) * weights * d_item
-        g = torch.zeros(len(td), ctx.num_actions, dtype=td.dtype, device=td.device)
-        g.scatter_(1, index, g_taken.unsqueeze(1))
+        rows, taken, td, w, acts, p = ctx.arrays
+        d_item = np.clip(td, -1.0, 1.0) if ctx.kind == "huber" else 2.0 * td  # d per_item / d Q(s, a)
+        g = np.zeros((len(td), ctx.num_actions), dtype=np.float32)
+        g[rows, taken] = (float(g_loss) / ctx.batch_size) * w * d_item
         grads: list[Tensor] = []
-        for layer in range(n_layers - 1, -1, -1):
-            w, a_in = params[2 * layer], acts[layer]
-            grads = [g.t().mm(a_in), g.sum(0), *grads]
+        for layer in range(len(acts) - 1, -1, -1):
+            a_in = acts[layer]
+            grads = [torch.from_numpy(g.T @ a_in), torch.from_numpy(g.sum(0)), *grads]
             if layer == 0:
                 break
-            g = g.mm(w)
-            g = torch.ops.aten.threshold_backward(g, a_in, 0) if ctx.relu else torch.ops.aten.tanh_backward(g, a_in)
+            g = g @ p[2 * layer]
+            g *= (a_in > 0) if ctx.relu else (1.0 - np.square(a_in))
         return None, None, None, None, None, None, None, *grads
 
 
@@ -111,21 +119,21 @@ class FusedDQNLearner(nn.Module):
 
 
 class FusedQTargets:
-    """q_targets with DQN's networks bound (DQNParts.targets), its forward passes as q_forward's matmuls."""
+    """q_targets with DQN's networks bound (DQNParts.targets), its forward passes as q_forward's (numpy, CPU)."""
 
     def __init__(self, online: QNetwork, target: nn.Module, double_q: bool):  # target: a copy of online
-        self.online, self.target = q_params(online), q_params(target)  # type: ignore[arg-type]
+        self.online, self.target = _numpy(q_params(online)), _numpy(q_params(target))  # type: ignore[arg-type]
         self.relu, self.double_q = relu_encoder(online), double_q
 
-    @torch.no_grad()
     def choices_agree(self, next_obs: Tensor) -> bool:
         """Whether the online and target networks choose the same action on every observation (the self-check's
         cue: until they differ, double DQN's choice, and an edit to it, cannot show)."""
-        target, online = (q_forward(next_obs, params, self.relu)[1].argmax(-1) for params in (self.target, self.online))
-        return torch.equal(target, online)
+        x = next_obs.numpy()
+        target, online = (q_forward(x, params, self.relu)[1].argmax(-1) for params in (self.target, self.online))
+        return bool((target == online).all())
 
-    @torch.no_grad()
     def __call__(self, next_obs: Tensor, returns: Tensor, discount: Tensor) -> Tensor:
-        next_q = q_forward(next_obs, self.target, self.relu)[1]
-        best = (q_forward(next_obs, self.online, self.relu)[1] if self.double_q else next_q).argmax(-1, keepdim=True)
-        return returns + discount * next_q.gather(-1, best).squeeze(-1)
+        x = next_obs.numpy()
+        next_q = q_forward(x, self.target, self.relu)[1]
+        best = (q_forward(x, self.online, self.relu)[1] if self.double_q else next_q).argmax(-1)
+        return returns + discount * torch.from_numpy(next_q[np.arange(len(x)), best])

@@ -10,27 +10,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlrun.fast.fused_dqn import q_params, relu_encoder
+from rlrun.fast.fused_dqn import q_forward, q_params, relu_encoder
 from rlrun.models.q_network import QNetwork
 
 
 class NumpyEpsilonGreedy:
     def __init__(self, model: QNetwork):
-        # Views, not copies: the optimizer and load_state_dict update the parameters in place.
-        params = [p.detach().numpy() for p in q_params(model)]
-        self.layers = [(w.T, b) for w, b in zip(params[::2], params[1::2])]
+        self.params = [p.detach().numpy() for p in q_params(model)]  # views: updated in place by the optimizer
         self.relu = relu_encoder(model)
         self.num_actions = model.head.out_features
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q [N, A] of obs [N, ...], as QNetwork's forward."""
-        h = obs.reshape(len(obs), -1).astype(np.float32, copy=False)
-        *hidden, (w, b) = self.layers
-        for wi, bi in hidden:
-            h = h @ wi + bi
-            h = np.maximum(h, 0, out=h) if self.relu else np.tanh(h, out=h)
-        q: np.ndarray = h @ w + b
-        return q
+        return q_forward(obs, self.params, self.relu)[1]
 
     def __call__(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
         """Actions [N] for obs [N, ...]: uniform where a uniform draw is below epsilon, else argmax Q."""

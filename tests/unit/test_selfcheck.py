@@ -30,11 +30,13 @@ from rlrun.models.encoders import TwinMLP
 LINE = re.compile(r"(.+) differs from (.+) by (\d\.\de[-+]\d\d): running the reference")
 PPO_SMALL = PPOConfig(num_steps=32, num_minibatches=2, update_epochs=2)
 # 3 iterations of 32 steps x 4 envs, 4 updates each from the first on, epsilon 1 -> 0.37 -> 0.05, targets synced every
-# 3 updates and a rate at which the online network's choices part from the target's between syncs.
+# 3 updates and a rate at which the online network's choices part from the target's between syncs. Numpy's matmuls
+# round unlike torch's: where the fused loss stays on, a weight ends up to a few 1e-6 off the reference's (DQN_ATOL).
 DQN_SMALL = dqn_module.DQNConfig(
     lr=1e-2, batch_size=16, learning_starts=64, buffer_size=1000, train_freq=32, gradient_steps=4,
     target_update_interval=3, exploration_fraction=0.5, end_e=0.05,
 )  # fmt: skip
+DQN_ATOL = 2e-5
 
 
 def train(cfg, fast: bool, iterations: int = 3, unchecked: bool = False) -> tuple[list[torch.Tensor], list[str]]:
@@ -73,8 +75,9 @@ def stepped_aside(caplog) -> dict[str, float]:
     return {m[1]: float(m[3]) for m in found if m}
 
 
-def assert_trains_the_reference(cfg, caplog, expected: set[str]) -> None:
-    """The accelerated run steps `expected` aside, each with one line, and ends where the reference path does."""
+def assert_trains_the_reference(cfg, caplog, expected: set[str], atol: float = 1e-6) -> None:
+    """The accelerated run steps `expected` aside, each with one line, and ends where the reference path does (within
+    `atol`: the accelerations that stay on round as they do)."""
     with caplog.at_level(logging.WARNING, logger="rlrun"):
         fast, applied = train(cfg, fast=True)
     lines = stepped_aside(caplog)
@@ -82,7 +85,7 @@ def assert_trains_the_reference(cfg, caplog, expected: set[str]) -> None:
     assert expected <= set(applied)
     reference, _ = train(cfg, fast=False)
     for a, b in zip(fast, reference, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
 
 
 def huber_value_loss(values, old_values, returns, clip: float, clip_vloss: bool):
@@ -198,7 +201,7 @@ def single_q_targets(online, target, next_obs, returns, discount, double_q: bool
 
 def test_an_edited_double_dqn_target_shows_although_the_networks_start_equal(monkeypatch, caplog):
     monkeypatch.setattr(dqn_module, "q_targets", single_q_targets)
-    assert_trains_the_reference(DQN_SMALL, caplog, {"fused DQN targets"})
+    assert_trains_the_reference(DQN_SMALL, caplog, {"fused DQN targets"}, DQN_ATOL)
 
 
 def least_valued_acting(self, obs, epsilon):
@@ -210,7 +213,7 @@ def least_valued_acting(self, obs, epsilon):
 
 def test_edited_dqn_acting_shows_although_the_first_step_explores(monkeypatch, caplog):
     monkeypatch.setattr(dqn_module.DQN, "_greedy_or_random", least_valued_acting)
-    assert_trains_the_reference(DQN_SMALL, caplog, {"numpy epsilon-greedy acting"})
+    assert_trains_the_reference(DQN_SMALL, caplog, {"numpy epsilon-greedy acting"}, DQN_ATOL)
 
 
 def test_an_edited_q_network_is_what_trains(monkeypatch, caplog):
