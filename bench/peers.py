@@ -63,23 +63,29 @@ def dqn_flags(cfg: TrainConfig) -> dict[str, object]:
         model__hidden_sizes=[120, 84],
         model__activation="relu",
     )
-    return {
+    return _replay_flags(cfg) | {
         "learning-rate": a.lr,
-        "buffer-size": a.buffer_size,
-        "gamma": a.gamma,
-        "tau": a.tau,
         "target-network-frequency": a.target_update_interval * a.train_freq,  # in env steps there
-        "batch-size": a.batch_size,
         "start-e": a.start_e,
         "end-e": a.end_e,
         "exploration-fraction": a.exploration_fraction,
-        "learning-starts": a.learning_starts,
         "train-frequency": a.train_freq,
     }
 
 
-def _continuous(cfg: TrainConfig, script: str) -> dict[str, object]:
+def _replay_flags(cfg: TrainConfig) -> dict[str, object]:
+    """The replay's settings, named alike in CleanRL's dqn, sac and td3 scripts."""
     a = cfg.algo
+    return {
+        "buffer-size": a.buffer_size,
+        "gamma": a.gamma,
+        "tau": a.tau,
+        "batch-size": a.batch_size,
+        "learning-starts": a.learning_starts,
+    }
+
+
+def _continuous(cfg: TrainConfig, script: str) -> dict[str, object]:
     _require(
         cfg,
         script,
@@ -90,13 +96,7 @@ def _continuous(cfg: TrainConfig, script: str) -> dict[str, object]:
         model__hidden_sizes=[256, 256],
         model__activation="relu",
     )
-    return {
-        "buffer-size": a.buffer_size,
-        "gamma": a.gamma,
-        "tau": a.tau,
-        "batch-size": a.batch_size,
-        "learning-starts": a.learning_starts,
-    }
+    return _replay_flags(cfg)
 
 
 def sac_flags(cfg: TrainConfig) -> dict[str, object]:
