@@ -113,7 +113,7 @@ def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
     parts.targets = CheckedQTargets(FusedQTargets(model, algo.target, c.double_q), parts.targets)
     # Acting in numpy on views of the live weights, the forward pass only for the envs that act greedily: with one
     # env, a torch forward per env step was a third of the run. Checked against DQN's acting on the first step.
-    q_values = lambda obs: model(algo._obs(obs))  # noqa: E731
+    q_values = lambda obs: model(torch.as_tensor(obs, dtype=algo.obs_dtype))  # noqa: E731
     parts.epsilon_greedy = CheckedEpsilonGreedy(NumpyEpsilonGreedy(model), parts.epsilon_greedy, q_values)
     return applied + ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
 
