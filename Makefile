@@ -42,7 +42,7 @@ learning: $(STAMP)
 
 bench: $(STAMP)
 	$(PIP) -e '.[atari,video,sweep,report,mujoco,slurm,ray,envs,dev,bench]'
-	OMP_NUM_THREADS=1 $(PY) bench/ppo_throughput.py
+	OMP_NUM_THREADS=1 $(PY) bench/peers.py
 
 # On a machine with CUDA: a short GPU run of each algorithm, 1 and 2 ranks, with an exact-resume check.
 gpu-check: $(STAMP)

@@ -1,12 +1,14 @@
 """Deep Q-learning (Mnih et al. 2015) as double DQN (van Hasselt et al. 2016): a target network synced by copy
 or Polyak averaging, n-step returns, MSE or Huber loss, linearly decayed epsilon-greedy exploration, optional dueling
 head, and uniform or prioritized replay whose shards across ranks sample as one buffer (rlrun/buffers/replay.py).
-This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in a faster optimizer (its `parts`)."""
+This is the reference (torch.optim.Adam); with algo.fast, rlrun/fast/ swaps in faster parts (DQNParts)."""
 
 from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -18,8 +20,8 @@ from torch.nn import functional as F
 from rlrun.algos.configs import DQNConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import Optimizer, OptimizerParts, adam
-from rlrun.algos.protocol import Annealed, EnvSpec, Reductions
+from rlrun.algos.parts import ClipGradNorm, MakeOptimizer, Optimizer, adam
+from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
 from rlrun.errors import UserError
 from rlrun.models import trainable
@@ -70,6 +72,24 @@ class DQNLearner(nn.Module):
         return loss, (q - targets).detach().abs(), q.detach()
 
 
+# (obs [N, ...] as the env gives them, epsilon) -> actions [N]: greedy in Q, or uniform with probability epsilon
+EpsilonGreedy = Callable[[np.ndarray, float], np.ndarray]
+# (next_obs [B, ...], returns [B], discount [B]) -> the n-step targets [B], as q_targets with DQN's networks
+QTargets = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class DQNParts:
+    """What an acceleration may replace in DQN (rlrun/algos/parts.py), each with a part of the same signature. DQN
+    builds them from this file's code and calls them through here."""
+
+    learner: nn.Module  # forward(obs, actions, targets, weights) -> (loss, |TD|, Q), as DQNLearner; what DDP wraps
+    targets: QTargets
+    epsilon_greedy: EpsilonGreedy  # acting, while collecting (decayed epsilon) and for evaluation (0 or end_e)
+    make_optimizer: MakeOptimizer  # over DQN.trained, on first use
+    clip_grad_norm_: ClipGradNorm = nn.utils.clip_grad_norm_
+
+
 class DQN(ReplayAlgorithm):
     """Epsilon-greedy collection into the replay shard, double-DQN updates on global batches (off_policy.py)."""
 
@@ -89,12 +109,19 @@ class DQN(ReplayAlgorithm):
         )
         self.model = build_q_network(model_cfg, obs_space, action_space, cfg.dueling).to(device)
         self.target = copy.deepcopy(self.model).requires_grad_(False).eval()  # computes targets only
-        self.learner: nn.Module = DQNLearner(self.model, cfg.batch_size, cfg.loss)
+        # rlrun's own networks act alike in train and eval mode (no BatchNorm, no dropout): no switching between them,
+        # a walk over every module twice per iteration. A user's network may have them.
+        self.modal = model_cfg._target_ is not None
         self.trained = trainable(self.model)  # what the optimizer trains and DDP synchronizes
-        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
         self.num_actions = int(action_space.n)
         self.mask_size = action_mask_size(obs_space)  # the env's action masks end its observations
         self.epsilon = cfg.start_e
+        self.parts = DQNParts(  # what an acceleration may replace
+            learner=DQNLearner(self.model, cfg.batch_size, cfg.loss),
+            targets=functools.partial(q_targets, self.model, self.target, double_q=cfg.double_q),
+            epsilon_greedy=self._greedy_or_random,
+            make_optimizer=adam(cfg.lr, cfg.adam_eps),
+        )
 
     @functools.cached_property
     def optimizer(self) -> Optimizer:
@@ -113,8 +140,12 @@ class DQN(ReplayAlgorithm):
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
         c = self.cfg
         self.epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction, progress)
-        actions = self._greedy_or_random(obs, self.epsilon)
+        actions = self.parts.epsilon_greedy(obs, self.epsilon)
         return actions, actions
+
+    def wrap_learner(self, wrap: Wrap) -> None:
+        self.parts.learner = wrap(self.parts.learner, self.trained)
+        self.sync_targets()
 
     def sync_targets(self) -> None:
         polyak_update(self.target, self.model, 1.0)
@@ -135,9 +166,8 @@ class DQN(ReplayAlgorithm):
         """One double-DQN update: td_loss and q_values (Q(s, a) summed over this rank's items / batch_size)."""
         c = self.cfg
         with torch.no_grad():
-            next_obs, returns, discount = batch["next_obs"], batch["returns"], batch["discount"]
-            targets = q_targets(self.model, self.target, next_obs, returns, discount, c.double_q)
-        loss, td_abs, q = self.learner(batch["obs"], batch["actions"], targets, weights)
+            targets = self.parts.targets(batch["next_obs"], batch["returns"], batch["discount"])
+        loss, td_abs, q = self.parts.learner(batch["obs"], batch["actions"], targets, weights)
         self.optimizer.zero_grad()
         loss.backward()
         require_finite(self.parts.clip_grad_norm_(self.trained, c.max_grad_norm), "the DQN gradient norm")
@@ -151,7 +181,7 @@ class DQN(ReplayAlgorithm):
         """Greedy actions (deterministic) or epsilon-greedy with the final epsilon, for evaluation and play.
         (`starts`, the envs whose episodes begin here, matters only to policies with memory.)"""
         self.model.eval()
-        return self._greedy_or_random(obs, 0.0 if deterministic else self.cfg.end_e)
+        return self.parts.epsilon_greedy(obs, 0.0 if deterministic else self.cfg.end_e)
 
     def learner_state(self) -> dict[str, Any]:
         return {

@@ -72,7 +72,9 @@ ONE_SHARD = Shards()
 def shard_counts(masses: Tensor, batch: int, generator: torch.Generator) -> Tensor:
     """How many of `batch` i.i.d. draws from the union of the shards fall in each shard, given each
     shard's sampling mass [W]: a Multinomial(batch, masses / sum) sample [W]. Same generator state and
-    masses on every rank -> same counts."""
+    masses on every rank -> same counts. One shard takes every draw, and no random number is drawn."""
+    if len(masses) == 1:
+        return torch.tensor([batch])
     draws = torch.multinomial(masses.double() / masses.sum(), batch, replacement=True, generator=generator)
     return torch.bincount(draws, minlength=len(masses))
 
@@ -255,6 +257,8 @@ class ReplayBuffer:
         """The n-step transitions of `items`: obs, actions, returns, next_obs and the discount to apply to
         the bootstrap value (0 after termination)."""
         row, env = np.divmod(items, self.num_envs)
+        if self.n == 1:
+            return self._one_step(row, env)
         window = (row[:, None] + np.arange(self.n)) % self.rows  # [B, n]
         col = env[:, None]
         terminated, truncated = self.terminated[window, col], self.truncated[window, col]
@@ -278,6 +282,23 @@ class ReplayBuffer:
             "returns": returns.astype(np.float32),
             "next_obs": next_obs,
             "discount": discount,
+        }
+
+    def _one_step(self, row: np.ndarray, env: np.ndarray) -> dict[str, np.ndarray]:
+        """batch() for n_step = 1, without its windows: the same arrays, a few operations instead of ~30 (an update of
+        a small network is over in the time the windows take)."""
+        terminated, truncated = self.terminated[row, env], self.truncated[row, env]
+        next_obs = self._stack((row + 1) % self.rows, env)
+        cut = np.flatnonzero(truncated & ~terminated)
+        if len(cut):  # truncated: bootstrap from the final observation
+            finals = np.stack([self.final[i] for i in row[cut] * self.num_envs + env[cut]])
+            next_obs[cut] = self._with_newest(row[cut], env[cut], finals)
+        return {
+            "obs": self._stack(row, env),
+            "actions": self.actions[row, env],
+            "returns": self.rewards[row, env],
+            "next_obs": next_obs,
+            "discount": np.where(terminated, np.float32(0.0), np.float32(self.gamma)),
         }
 
     def _stack(self, row: np.ndarray, env: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard
 import torch
 
 from rlrun.algos.a2c import A2C, A2CParts, A2CUnroll
+from rlrun.algos.dqn import DQN, DQNParts
 from rlrun.algos.parts import OptimizerParts
 from rlrun.algos.ppo import PPO, PPOLearner, PPOParts
 from rlrun.algos.protocol import Algorithm, VectorEnv
@@ -24,9 +25,17 @@ from rlrun.envs.ray_envs import RayEnvs
 from rlrun.fast.channels_last import ChannelsLast
 from rlrun.fast.flat_adam import FlatAdams
 from rlrun.fast.fused_a2c import FusedA2CUnroll
+from rlrun.fast.fused_dqn import FusedDQNLearner, FusedQTargets, fusable_q
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.numpy_policy import NumpyPolicy
-from rlrun.fast.selfcheck import CheckedLearner, CheckedPolicy
+from rlrun.fast.numpy_q import NumpyEpsilonGreedy
+from rlrun.fast.selfcheck import (
+    CheckedDQNLearner,
+    CheckedEpsilonGreedy,
+    CheckedLearner,
+    CheckedPolicy,
+    CheckedQTargets,
+)
 from rlrun.fast.worker_acting import RayActing, WorkerActing
 from rlrun.models import ActorCritic, trainable
 from rlrun.models.encoders import NatureCNN
@@ -44,8 +53,10 @@ def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
         return _accelerate_ppo(algo, parts, envs)
     if isinstance(parts, A2CParts) and isinstance(algo, A2C):
         return _accelerate_a2c(algo, parts)
+    if isinstance(parts, DQNParts) and isinstance(algo, DQN):
+        return _accelerate_dqn(algo, parts)
     if isinstance(parts, OptimizerParts):
-        # DQN, SAC, TD3: parameters and gradients in one flat buffer per optimizer, so zeroing, clipping and the Adam
+        # SAC, TD3: parameters and gradients in one flat buffer per optimizer, so zeroing, clipping and the Adam
         # step are a few calls for the whole network. (Losses with hand-written gradients, as PPO's, were tried for
         # SAC and measured no faster: at its sizes the update is its matrix products, not operator overhead.)
         _flat_adam(parts, cfg.lr, cfg.adam_eps)
@@ -87,7 +98,27 @@ def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
     return applied
 
 
-def _flat_adam(parts: PPOParts | OptimizerParts, lr: float, eps: float) -> None:
+def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
+    c, model = algo.cfg, algo.model
+    # As for SAC and TD3 (below): zeroing, clipping and the Adam step as a few calls on flat buffers.
+    _flat_adam(parts, c.lr, c.adam_eps)
+    algo.optimizer  # noqa: B018 (built now, not on first use: numpy acting takes views of its buffer)
+    applied = ["flat Adam"]
+    if not fusable_q(model) or algo.device.type != "cpu":
+        return applied
+    # One autograd node for the loss (hand-written gradient) instead of ~25, it and the targets' forward passes in
+    # numpy: on a small MLP the update is operator overhead. Checked against DQNLearner and q_targets on the first
+    # update (the targets again where the online and target networks' choices part).
+    parts.learner = CheckedDQNLearner(FusedDQNLearner(model, c.batch_size, c.loss), parts.learner, algo.trained)
+    parts.targets = CheckedQTargets(FusedQTargets(model, algo.target, c.double_q), parts.targets)
+    # Acting in numpy on views of the live weights, the forward pass only for the envs that act greedily: with one
+    # env, a torch forward per env step was a third of the run. Checked against DQN's acting on the first step.
+    q_values = lambda obs: model(torch.as_tensor(obs, dtype=algo.obs_dtype))  # noqa: E731
+    parts.epsilon_greedy = CheckedEpsilonGreedy(NumpyEpsilonGreedy(model), parts.epsilon_greedy, q_values)
+    return applied + ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
+
+
+def _flat_adam(parts: PPOParts | OptimizerParts | DQNParts, lr: float, eps: float) -> None:
     """The parts' optimizers FlatAdam, and their gradient clipping on its flat gradient."""
     adams = FlatAdams(lr, eps)
     parts.make_optimizer, parts.clip_grad_norm_ = adams.make, adams.clip_grad_norm_

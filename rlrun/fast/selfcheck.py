@@ -1,14 +1,16 @@
-"""The self-check of the accelerations that re-write the math (the fused PPO loss, the fused A2C unroll, numpy acting):
-at its first use in a process (a run's first update or first act, and so again after every resume), each runs beside
-the reference part it replaces on the same inputs and compares what comes out. Beyond TOLERANCE it steps aside for the
-rest of the run, with one log line naming it and the size of the difference, and the reference runs, so an edit to
-algos/ or models/ is what trains. A check that passes changes nothing: it draws no random numbers (acting restores
-torch's generator) and the accelerated part's results are the ones used, computed as without the check."""
+"""The self-check of the accelerations that re-write the math (the fused PPO and DQN losses, DQN's fused targets, the
+fused A2C unroll, numpy acting): at its first use in a process (a run's first update or first act, and so again after
+every resume), each runs beside the reference part it replaces on the same inputs and compares what comes out. Beyond
+TOLERANCE it steps aside for the rest of the run, with one log line naming it and the size of the difference, and the
+reference runs, so an edit to algos/ or models/ is what trains. A check that passes changes nothing: it draws no random
+numbers (acting restores torch's generator) and the accelerated part's results are the ones used, computed as without
+the check."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -134,3 +136,100 @@ class CheckedPolicy:
         if steps_aside(self.NAME, self.REFERENCE, diff):
             self.active = self.reference
         return self.active is self.fast
+
+
+class CheckedDQNLearner(nn.Module):
+    """DQN's learner (forward(obs, actions, targets, weights) -> (loss, |TD errors|, Q)): the fused loss, checked
+    against the reference learner on the first batch it gets, and the reference for the rest of the run if they
+    differ."""
+
+    NAME, REFERENCE = "fused DQN loss", "algos/dqn.py (DQNLearner)"
+
+    def __init__(self, fast: nn.Module, reference: nn.Module, params: list[nn.Parameter]):
+        super().__init__()
+        self.fast, self.reference, self.params = fast, reference, params
+        self.active, self.checked = fast, False
+
+    def forward(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if not self.checked:
+            self.checked = True
+            if steps_aside(self.NAME, self.REFERENCE, self.difference(obs, actions, targets, weights)):
+                self.active = self.reference
+        result: tuple[Tensor, Tensor, Tensor] = self.active(obs, actions, targets, weights)
+        return result
+
+    def difference(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> float:
+        """The largest difference in outputs and gradients, on the batch and on a probe of it whose targets are
+        moved by fixed steps of 2 and whose weights are unequal: uniform replay's weights are all 1, and a first
+        batch's errors may all be small (Huber's linear branch, and an edit to it, would not show)."""
+        steps = (torch.arange(len(targets), device=targets.device) % 3 - 1).float()  # -1, 0, 1, ...
+        probe = (obs, actions, targets + 2.0 * steps, weights * (1.0 + 0.5 * steps))
+        return max(self._difference((obs, actions, targets, weights)), self._difference(probe))
+
+    def _difference(self, batch: tuple[Tensor, Tensor, Tensor, Tensor]) -> float:
+        fast, reference = self.fast(*batch), self.reference(*batch)
+        outputs = max(difference(a, b) for a, b in zip(fast, reference, strict=True))
+        grads = gradient_difference(gradients(fast[0], self.params), gradients(reference[0], self.params))
+        return max(outputs, grads)
+
+
+class CheckedQTargets:
+    """DQN's targets part ((next_obs, returns, discount) -> targets): the fused forward passes, checked against the
+    reference's on the first call, and again on the first call where the online and target networks choose different
+    actions for some of the batch (while they choose alike, as at the first update, double DQN's choice, and an edit to
+    it, would not show), looked for over the first LOOK calls (two small forward passes each); the reference for the
+    rest of the run if they differ."""
+
+    NAME, REFERENCE = "fused DQN targets", "algos/dqn.py (q_targets)"
+    LOOK = 500
+
+    def __init__(self, fast: Any, reference: Callable[[Tensor, Tensor, Tensor], Tensor]):
+        self.fast, self.reference = fast, reference
+        self.active, self.calls = fast, 0
+
+    def __call__(self, next_obs: Tensor, returns: Tensor, discount: Tensor) -> Tensor:
+        if self.calls < self.LOOK:
+            self.calls += 1
+            parted = not self.fast.choices_agree(next_obs)
+            if parted or self.calls == 1:
+                ours, expected = self.fast(next_obs, returns, discount), self.reference(next_obs, returns, discount)
+                if steps_aside(self.NAME, self.REFERENCE, difference(ours, expected)):
+                    self.active, parted = self.reference, True
+            if parted:
+                self.calls = self.LOOK
+        result: Tensor = self.active(next_obs, returns, discount)
+        return result
+
+
+class CheckedEpsilonGreedy:
+    """DQN's acting part ((obs, epsilon) -> actions): numpy acting, checked on the first observations it acts on
+    against the reference part, with the same random numbers (torch's generator is put back between them), at that
+    step's epsilon and at epsilon 0 (at first every env explores, and the greedy choice would not show), and its
+    Q-values against the model's; the reference for the rest of the run if any differ."""
+
+    NAME, REFERENCE = "numpy epsilon-greedy acting", "algos/dqn.py and models/ (QNetwork)"
+
+    def __init__(self, fast: Any, reference: Callable[[Any, float], Any], q_values: Callable[[Any], Tensor]):
+        self.fast, self.reference, self.q_values = fast, reference, q_values
+        self.active, self.checked = fast, False
+
+    def __call__(self, obs: Any, epsilon: float) -> Any:
+        if not self.checked:
+            self.checked = True
+            if steps_aside(self.NAME, self.REFERENCE, self.difference(obs, epsilon)):
+                self.active = self.reference
+        return self.active(obs, epsilon)
+
+    def difference(self, obs: Any, epsilon: float) -> float:
+        """The larger of the share of envs whose actions differ and the largest difference in Q-values."""
+        state = torch.get_rng_state()
+        differ = 0.0
+        for eps in (epsilon, 0.0):
+            torch.set_rng_state(state)
+            expected = self.reference(obs, eps)
+            torch.set_rng_state(state)
+            differ = max(differ, float((self.fast(obs, eps) != expected).mean()))
+        torch.set_rng_state(state)
+        with torch.no_grad():
+            q = self.q_values(obs)
+        return max(differ, difference(torch.from_numpy(self.fast.q_values(obs)), q))

@@ -4,6 +4,8 @@ state dicts interchangeable), NumpyPolicy against ActorCritic.act, channels-last
 whole first update with algo.fast on and off; and SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling
 against torch.multinomial."""
 
+from dataclasses import replace
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -281,3 +283,122 @@ def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activati
         k for k in states[0][1] if k.endswith("_optimizer")
     ):  # the fast optimizers' state resumes the reference
         torch.testing.assert_close(states[1][1][key]["state"], states[0][1][key]["state"], rtol=1e-5, atol=1e-6)
+
+
+def q_network(activation: str = "relu", hidden_sizes=(24, 16), seed: int = 0, **kwargs):
+    from rlrun.models.q_network import build_q_network
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(hidden_sizes=list(hidden_sizes), activation=activation)
+    return build_q_network(cfg, OBS, gym.spaces.Discrete(3), kwargs.get("dueling", False))
+
+
+@pytest.mark.parametrize("activation, kind", [("relu", "mse"), ("tanh", "huber"), ("relu", "huber")])
+def test_fused_dqn_loss_and_gradients_equal_autograd(activation, kind):
+    from rlrun.algos.dqn import DQNLearner
+    from rlrun.fast.fused_dqn import FusedDQNLearner, fusable_q
+
+    model = q_network(activation)
+    assert fusable_q(model)
+    g = torch.Generator().manual_seed(1)
+    obs, actions = torch.randn(40, 5, generator=g), torch.randint(3, (40,), generator=g)
+    targets, weights = 3 * torch.randn(40, generator=g), torch.rand(40, generator=g)  # errors above and below 1
+    results = []
+    for learner_class in (FusedDQNLearner, DQNLearner):
+        model.zero_grad()
+        loss, td_abs, q = learner_class(model, 32, kind)(obs, actions, targets, weights)  # 40 items, batch_size 32
+        (2.5 * loss).backward()  # an upstream gradient other than 1 must scale every parameter's
+        results.append((loss.detach(), td_abs, q, [p.grad.clone() for p in model.parameters()]))
+    (loss, td_abs, q, grads), (ref_loss, ref_td_abs, ref_q, ref_grads) = results
+    assert not td_abs.requires_grad and not q.requires_grad
+    assert (ref_td_abs > 1).any() and (ref_td_abs < 1).any()  # both of Huber's branches ran
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(td_abs, ref_td_abs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(q, ref_q, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_fused_q_targets_equal_q_targets(double_q):
+    from rlrun.algos.dqn import q_targets
+    from rlrun.fast.fused_dqn import FusedQTargets
+
+    online, target = q_network("tanh", seed=0), q_network("tanh", seed=1)  # two networks that disagree
+    g = torch.Generator().manual_seed(2)
+    next_obs, returns, discount = torch.randn(64, 5, generator=g), torch.randn(64, generator=g), torch.rand(64)
+    fused = FusedQTargets(online, target, double_q)
+    with torch.no_grad():
+        expected = q_targets(online, target, next_obs, returns, discount, double_q)
+    torch.testing.assert_close(fused(next_obs, returns, discount), expected, rtol=1e-6, atol=1e-6)
+    assert not fused.choices_agree(next_obs) and FusedQTargets(online, online, double_q).choices_agree(next_obs)
+
+
+def dqn(fast: bool, num_envs: int = 4, **cfg):
+    from rlrun.algos.dqn import DQN, DQNConfig
+
+    torch.manual_seed(0)
+    c = DQNConfig(fast=fast, batch_size=16, learning_starts=32, buffer_size=500, train_freq=8, gradient_steps=3)
+    spec = EnvSpec(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), num_envs)
+    algo = DQN(replace(c, **cfg), ModelConfig(hidden_sizes=[32, 32], activation="relu"), spec, torch.device("cpu"))
+    return algo, accelerate(algo, None)
+
+
+def test_numpy_epsilon_greedy_acts_as_dqn_does():
+    """Through DQNParts.epsilon_greedy, with torch's generator in the same state: the same actions at every epsilon
+    (greedy, mixed, all exploring), drawing the same random numbers."""
+    from rlrun.fast.numpy_q import NumpyEpsilonGreedy
+
+    ref, _ = dqn(False, num_envs=64)
+    fast = NumpyEpsilonGreedy(ref.model)
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    for epsilon in (0.0, 0.4, 1.0):
+        torch.manual_seed(3)
+        expected, after = ref.parts.epsilon_greedy(obs, epsilon), torch.rand(1)
+        torch.manual_seed(3)
+        actions = fast(obs, epsilon)
+        assert actions.dtype == expected.dtype and np.array_equal(actions, expected)
+        assert torch.equal(torch.rand(1), after)  # the generator moved as the reference moved it
+    assert 0 < (expected != ref.parts.epsilon_greedy(obs, 0.0)).sum()  # the draws mattered
+
+
+def dqn_run(fast: bool, **cfg) -> tuple[list[torch.Tensor], list[str], dict]:
+    """Four collects of 8 steps on 4 random-walk observations and the updates after them (3 each from the second
+    on): the parameters, the accelerations and the last update's stats."""
+    algo, applied = dqn(fast, **cfg)
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(4, 4)).astype(np.float32)
+    algo.start(obs)
+    for i in range(4):
+        algo.model.eval()
+        for _ in range(algo.cfg.train_freq):
+            actions, stored = algo.explore(obs, i / 4)
+            next_obs = obs + 0.1 * rng.normal(size=obs.shape).astype(np.float32)
+            done = rng.random(4) < 0.1
+            algo.replay.add(obs, stored, actions - 0.5 * obs[:, 0], done & (rng.random(4) < 0.5), done, next_obs)
+            obs = next_obs
+        stats = algo.update(i / 4)
+    return [p.detach().clone() for p in algo.model.parameters()], applied, stats
+
+
+OTHER_DQN = {"double_q": False, "loss": "huber", "tau": 0.5, "target_update_interval": 2}
+
+
+@pytest.mark.parametrize("settings", [{}, OTHER_DQN])
+def test_dqn_updates_with_and_without_accelerations_agree(settings):
+    fast, applied, stats = dqn_run(True, **settings)
+    ref, none, ref_stats = dqn_run(False, **settings)
+    assert none == [] and applied == ["flat Adam", "fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
+    assert stats["charts/updates"] == ref_stats["charts/updates"] == 9
+    for a, b in zip(fast, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert stats["td_loss"] == pytest.approx(ref_stats["td_loss"], rel=1e-4)
+
+
+def test_dueling_and_masked_q_networks_keep_the_reference_update():
+    from rlrun.fast.fused_dqn import fusable_q
+
+    assert not fusable_q(q_network(dueling=True))
+    algo, applied = dqn(True, dueling=True)
+    assert applied == ["flat Adam"] and type(algo.parts.learner).__name__ == "DQNLearner"

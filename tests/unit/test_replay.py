@@ -95,17 +95,20 @@ def check_every_live_item(rec: dict, replay: ReplayBuffer, n: int, gamma: float)
     return len(items)
 
 
-def test_cartpole_n_step_transitions_match_the_env_through_truncations_and_wraparound():
+@pytest.mark.parametrize("n", [3, 1])  # 1: batch()'s own one-step path
+def test_cartpole_n_step_transitions_match_the_env_through_truncations_and_wraparound(n):
     envs = make_vector_env(EnvConfig(num_envs=3, max_episode_steps=20), 3)
     try:
         rec = record(envs, 130, seed=3)
     finally:
         envs.close()
     assert np.concatenate(rec["truncated"]).any() and np.concatenate(rec["terminated"]).any()
-    replay = ReplayBuffer(3 * 50, 3, (4,), np.float32, n_step=3, gamma=0.9)
+    replay = ReplayBuffer(3 * 50, 3, (4,), np.float32, n_step=n, gamma=0.9)
     fill(rec, replay)
     assert replay.written > replay.rows  # wrapped around
-    assert check_every_live_item(rec, replay, 3, 0.9) == len(replay) == 3 * 50  # full: its capacity
+    assert check_every_live_item(rec, replay, n, 0.9) == len(replay) == 3 * 50  # full: its capacity
+    batch = replay.batch(np.arange(replay.rows * 3)[replay.mass(np.arange(replay.rows * 3)) > 0])
+    assert batch["returns"].dtype == batch["discount"].dtype == np.float32
 
 
 def test_atari_frame_stacks_rebuilt_from_single_frames_equal_the_envs_stacks():

@@ -1,4 +1,5 @@
-"""The accelerations that re-write the math (fused PPO loss, fused A2C unroll, numpy acting) check themselves against
+"""The accelerations that re-write the math (fused PPO and DQN losses, DQN's fused targets, fused A2C unroll, numpy
+acting) check themselves against
 the reference at their first use (rlrun/fast/selfcheck.py): a researcher's edit to algos/ or models/, simulated here
 by replacing the reference function or class in-process as an edit of the file would, makes the run say which one
 stepped aside and train what the reference path (algo.fast=false) trains; an unedited run says nothing and equals,
@@ -14,6 +15,7 @@ from torch import nn
 
 from rlrun.algos import A2CConfig, PPOConfig, build_algo
 from rlrun.algos import a2c as a2c_module
+from rlrun.algos import dqn as dqn_module
 from rlrun.algos import ppo as ppo_module
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import EnvConfig, ModelConfig
@@ -22,10 +24,19 @@ from rlrun.fast import accelerate
 from rlrun.models import actor_critic as actor_critic_module
 from rlrun.models import distributions as D
 from rlrun.models import encoders
+from rlrun.models import q_network as q_network_module
 from rlrun.models.encoders import TwinMLP
 
 LINE = re.compile(r"(.+) differs from (.+) by (\d\.\de[-+]\d\d): running the reference")
 PPO_SMALL = PPOConfig(num_steps=32, num_minibatches=2, update_epochs=2)
+# 3 iterations of 32 steps x 4 envs, 4 updates each from the first on, epsilon 1 -> 0.37 -> 0.05, targets synced every
+# 3 updates and a rate at which the online network's choices part from the target's between syncs. Numpy's matmuls
+# round unlike torch's: where the fused loss stays on, a weight ends up to a few 1e-6 off the reference's (DQN_ATOL).
+DQN_SMALL = dqn_module.DQNConfig(
+    lr=1e-2, batch_size=16, learning_starts=64, buffer_size=1000, train_freq=32, gradient_steps=4,
+    target_update_interval=3, exploration_fraction=0.5, end_e=0.05,
+)  # fmt: skip
+DQN_ATOL = 2e-5
 
 
 def train(cfg, fast: bool, iterations: int = 3, unchecked: bool = False) -> tuple[list[torch.Tensor], list[str]]:
@@ -40,7 +51,10 @@ def train(cfg, fast: bool, iterations: int = 3, unchecked: bool = False) -> tupl
         applied = accelerate(algo, envs)
         if unchecked:
             parts = algo.parts
-            if hasattr(parts.learner, "fast"):  # PPO's checked learner and policy hold the unchecked parts
+            if isinstance(parts, dqn_module.DQNParts):  # DQN's checked parts hold the unchecked ones
+                parts.learner, parts.targets = parts.learner.fast, parts.targets.fast
+                parts.epsilon_greedy = parts.epsilon_greedy.fast
+            elif hasattr(parts.learner, "fast"):  # PPO's checked learner and policy hold the unchecked parts
                 parts.learner, parts.policy = parts.learner.fast, parts.policy.fast
             else:
                 parts.learner.checked = True  # A2C's fused unroll: as if checked
@@ -61,8 +75,9 @@ def stepped_aside(caplog) -> dict[str, float]:
     return {m[1]: float(m[3]) for m in found if m}
 
 
-def assert_trains_the_reference(cfg, caplog, expected: set[str]) -> None:
-    """The accelerated run steps `expected` aside, each with one line, and ends where the reference path does."""
+def assert_trains_the_reference(cfg, caplog, expected: set[str], atol: float = 1e-6) -> None:
+    """The accelerated run steps `expected` aside, each with one line, and ends where the reference path does (within
+    `atol`: the accelerations that stay on round as they do)."""
     with caplog.at_level(logging.WARNING, logger="rlrun"):
         fast, applied = train(cfg, fast=True)
     lines = stepped_aside(caplog)
@@ -70,7 +85,7 @@ def assert_trains_the_reference(cfg, caplog, expected: set[str]) -> None:
     assert expected <= set(applied)
     reference, _ = train(cfg, fast=False)
     for a, b in zip(fast, reference, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=0, atol=atol)
 
 
 def huber_value_loss(values, old_values, returns, clip: float, clip_vloss: bool):
@@ -172,3 +187,47 @@ def test_numpy_values_alone_are_checked_too(monkeypatch, caplog):
         assert torch.equal(policy.value(obs), model.value(obs))
     assert set(stepped_aside(caplog)) == {"numpy acting"}
     env.close()
+
+
+def test_an_edited_dqn_loss_is_what_trains(monkeypatch, caplog):
+    monkeypatch.setattr(dqn_module, "td_loss", lambda q, targets, kind: 0.5 * (q - targets).square())
+    assert_trains_the_reference(DQN_SMALL, caplog, {"fused DQN loss"})
+
+
+def single_q_targets(online, target, next_obs, returns, discount, double_q: bool):
+    """q_targets edited to ignore double_q: it differs only once the online and target networks part."""
+    return returns + discount * target(next_obs).max(-1).values
+
+
+def test_an_edited_double_dqn_target_shows_although_the_networks_start_equal(monkeypatch, caplog):
+    monkeypatch.setattr(dqn_module, "q_targets", single_q_targets)
+    assert_trains_the_reference(DQN_SMALL, caplog, {"fused DQN targets"}, DQN_ATOL)
+
+
+def least_valued_acting(self, obs, epsilon):
+    """DQN's acting edited to take the least valued action (drawing the same random numbers)."""
+    greedy = self.model(self._obs(obs)).argmin(-1).cpu()
+    random = torch.randint(self.num_actions, greedy.shape)
+    return torch.where(torch.rand(greedy.shape) < epsilon, random, greedy).numpy()
+
+
+def test_edited_dqn_acting_shows_although_the_first_step_explores(monkeypatch, caplog):
+    monkeypatch.setattr(dqn_module.DQN, "_greedy_or_random", least_valued_acting)
+    assert_trains_the_reference(DQN_SMALL, caplog, {"numpy epsilon-greedy acting"}, DQN_ATOL)
+
+
+def test_an_edited_q_network_is_what_trains(monkeypatch, caplog):
+    reference = q_network_module.QNetwork.forward
+    monkeypatch.setattr(q_network_module.QNetwork, "forward", lambda self, obs: 0.5 * reference(self, obs))
+    expected = {"fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"}
+    assert_trains_the_reference(DQN_SMALL, caplog, expected)
+
+
+def test_an_unedited_dqn_run_passes_its_checks_and_equals_the_unchecked_run(caplog):
+    with caplog.at_level(logging.DEBUG, logger="rlrun"):
+        checked, applied = train(DQN_SMALL, fast=True)
+    assert stepped_aside(caplog) == {}
+    assert {"fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"} <= set(applied)
+    unchecked, _ = train(DQN_SMALL, fast=True, unchecked=True)
+    for a, b in zip(checked, unchecked, strict=True):
+        assert torch.equal(a, b)

@@ -1,0 +1,38 @@
+"""DQN's epsilon-greedy acting without torch's per-operator overhead: the MLP Q-network's forward pass in numpy, on
+views of the live parameters, and only for the envs that act greedily this step. It draws torch's random numbers as
+DQN's own acting draws them (an action index for every env, then a uniform for every env), so seeds and checkpointed
+RNG states mean the same; a step where every env explores makes no forward pass at all. A drop-in for
+DQNParts.epsilon_greedy; tests/unit/test_fast_paths.py checks both act alike, and a run checks it on its first step
+(fast/selfcheck.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlrun.fast.fused_dqn import q_forward, q_params, relu_encoder
+from rlrun.models.q_network import QNetwork
+
+
+class NumpyEpsilonGreedy:
+    def __init__(self, model: QNetwork):
+        self.params = [p.detach().numpy() for p in q_params(model)]  # views: updated in place by the optimizer
+        self.relu = relu_encoder(model)
+        self.num_actions = model.head.out_features
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """Q [N, A] of obs [N, ...], as QNetwork's forward."""
+        return q_forward(obs, self.params, self.relu)[1]
+
+    def __call__(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
+        """Actions [N] for obs [N, ...]: uniform where a uniform draw is below epsilon, else argmax Q."""
+        n = len(obs)
+        random = torch.randint(self.num_actions, (n,)).numpy()
+        greedy = torch.rand(n).numpy() >= epsilon
+        if not greedy.any():
+            return random
+        if greedy.all():  # (with one env, every step is one of these two)
+            actions: np.ndarray = self.q_values(obs).argmax(1)
+            return actions
+        random[greedy] = self.q_values(obs[greedy]).argmax(1)
+        return random
