@@ -4,7 +4,8 @@ processes, through the real CLI, for one algorithm on its benchmark env: PPO on 
 and batch 256; TD3's updates from 100 transitions, as SAC's), DQN and A2C on CartPole (rlrun's presets, rl-zoo3's).
 For each S: aggregate env steps per second of the S seeds over their training seconds (each run's own clock, which
 leaves out start-up and evaluation) and over the wall time of the whole command(s), their ratio batched/sequential,
-and the peak memory (max RSS) per seed. The single runs keep their own accelerations (algo.fast, the default).
+and the peak memory (max RSS) per seed. The single runs keep their own accelerations (algo.fast, the default), as
+does the batch (its own: rlrun/fast/).
 
     .venv/bin/python bench/many_seeds.py [--algo ppo|sac|td3|dqn|a2c] [--seeds 1,2,4,8,16] [--steps N] [KEY=VALUE ...]
 
@@ -65,6 +66,7 @@ def train_seconds(run: Path) -> float:
 def batched(seeds: int, steps: int, folder: Path, config: list[str]) -> tuple[float, float, int]:
     """(training seconds, wall seconds, peak RSS) of S seeds in one batched process."""
     sweep = ["-m", f"seed={','.join(map(str, range(seeds)))}", "hydra/launcher=batched", f"hydra.sweep.dir={folder}"]
+    sweep.append(f"hydra.launcher.max_batch={seeds}")  # all S in one batch (its default cap is 8)
     wall, rss = command(["train", *sweep, f"total_steps={steps}", *config, *QUIET])
     return max(train_seconds(folder / str(i)) for i in range(seeds)), wall, rss
 

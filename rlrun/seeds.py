@@ -25,6 +25,7 @@ from rlrun.config.batched import LAUNCHER, SUPPORTED, batch_refusal
 from rlrun.envs.protocol import EndedEpisodes, StepResult, VectorEnv
 from rlrun.errors import NonFiniteError, UserError
 from rlrun.evaluation import Evaluator, NullEvaluator
+from rlrun.fast import accelerate
 from rlrun.train import Loop, nonfinite_at, record_failure, require_finite_stats, stopped_at_once
 from rlrun.training.parts import LocalParts, Run, build_parts, close_parts, configure_torch, open_parts
 from rlrun.training.signals import StopNow, StopSignal
@@ -77,18 +78,36 @@ class _SharedStop(StopSignal):
             super().listen()
 
 
+# A seed's random streams: what its single run draws from torch's global CPU generator, and on a GPU from that device's
+# default generator (its acting noise), which its checkpoints save and its resume restores.
+Streams = tuple[torch.Generator, torch.Generator | None]
+
+
+def streams_now(device: torch.device) -> Streams:
+    """The global generators' states now (a seed's, just seeded and built) as the seed's own generators."""
+    cpu = torch.Generator().set_state(torch.get_rng_state())
+    if device.type != "cuda":
+        return cpu, None
+    return cpu, torch.Generator(device).set_state(torch.cuda.get_rng_state(device))
+
+
 @contextlib.contextmanager
-def _seed(run: Run, generator: torch.Generator | None) -> Iterator[None]:
-    """Work for one seed: its log lines go to its folder, and torch's global generator holds its training stream
-    (what its checkpoints save and its resume restores, as a single run's) until the block ends."""
+def _seed(run: Run, streams: Streams | None) -> Iterator[None]:
+    """Work for one seed: its log lines go to its folder, and torch's global generators hold its streams (what its
+    checkpoints save and its resume restores, as a single run's) until the block ends."""
     token = working_for.set(run.run_dir)
-    if generator is not None:
-        torch.set_rng_state(generator.get_state())
+    cpu, device = streams or (None, None)
+    if cpu is not None:
+        torch.set_rng_state(cpu.get_state())
+    if device is not None:
+        torch.cuda.set_rng_state(device.get_state(), device.device)
     try:
         yield
     finally:
-        if generator is not None:
-            generator.set_state(torch.get_rng_state())
+        if cpu is not None:
+            cpu.set_state(torch.get_rng_state())
+        if device is not None:
+            device.set_state(torch.cuda.get_rng_state(device.device))
         working_for.reset(token)
 
 
@@ -129,11 +148,12 @@ def _train_batch(runs: list[Run]) -> list[Outcome]:
     configure_torch(runs[0].cfg, runs[0].ctx)
     leading.set(runs[0].run_dir)
     stop = _SharedStop(announce=True)
+    fast = runs[0].cfg.algo.fast  # the batch's parts' accelerations; the seeds' own algorithms are built without
     runs = [_for_batch(run) for run in runs]
     opened: list[tuple[Run, LocalParts]] = []
     driver: _Driver | None = None
     try:
-        seeds, generators = [], []
+        seeds, streams = [], []
         for run in runs:  # each built as its single run is, on torch's global generator seeded for it
             with _seed(run, None):
                 local = replace(open_parts(run), stop=stop)
@@ -142,15 +162,22 @@ def _train_batch(runs: list[Run]) -> list[Outcome]:
                 reason = unbatchable(run.cfg.algo.name, parts.algo)
                 if reason is not None:
                     raise UserError(f"{LAUNCHER} trains {SUPPORTED}; not {reason}")
-                seeds.append(replace(parts, accelerations=[f"{len(runs)} seed{'s' if len(runs) > 1 else ''} batched"]))
-                generators.append(torch.Generator().set_state(torch.get_rng_state()))
-        batch = batch_of(runs[0].cfg.algo.name, [parts.algo for parts in seeds], generators)
+                seeds.append(parts)
+                streams.append(streams_now(run.ctx.device))
+        on_device = [d for _, d in streams if d is not None]
+        algos = [parts.algo for parts in seeds]
+        batch = batch_of(runs[0].cfg.algo.name, algos, [g for g, _ in streams], on_device or None, fast)
+        applied = [
+            f"{len(runs)} seed{'s' if len(runs) > 1 else ''} batched",
+            *accelerate(batch, [p.envs for p in seeds]),
+        ]
+        seeds = [replace(parts, accelerations=applied) for parts in seeds]
         loops, evaluations = [], _AllEvaluations([parts.evaluator for parts in seeds])
-        for run, parts, generator in zip(runs, seeds, generators):
-            with _seed(run, generator):  # a resume restores the seed's stream into the global generator
+        for run, parts, own in zip(runs, seeds, streams):
+            with _seed(run, own):  # a resume restores the seed's streams into the global generators
                 loops.append(Loop(run, parts, evaluations))
         batch.load_seeds()
-        driver = _Driver(loops, batch, generators)
+        driver = _Driver(loops, batch, streams)
         return driver.train()
     except StopNow as e:  # a second signal: every seed not ended yet stops at once, with its summary
         ended = driver.outcomes if driver is not None else {}
@@ -174,9 +201,9 @@ def _stopped_at_once(
 
 
 def _for_batch(run: Run) -> Run:
-    """The seed's run as this process builds it: without rlrun/fast's accelerations (the batch is the seeds'
-    acceleration) and without a progress bar per seed (a plain line, or none). Its checkpoints carry the config as
-    given (run.config_yaml)."""
+    """The seed's run as this process builds it: its own algorithm without rlrun/fast's accelerations (the batch
+    trains it through the batch's parts, which fast/ accelerates instead) and without a progress bar per seed (a
+    plain line, or none). Its checkpoints carry the config as given (run.config_yaml)."""
     cfg = run.cfg
     progress = "none" if cfg.logging.progress == "none" else "plain"
     cfg = replace(cfg, algo=replace(cfg.algo, fast=False), logging=replace(cfg.logging, progress=progress))
@@ -189,11 +216,11 @@ class _Driver:
     alone, as its single run would: its recovery checkpoint and summary; the batch never steps it again. What fails
     outside any one seed (the batched learner itself) ends every seed still training."""
 
-    def __init__(self, loops: list[Loop], batch: BatchedAlgorithm, generators: list[torch.Generator]) -> None:
-        self.loops, self.batch, self.generators = loops, batch, generators
+    def __init__(self, loops: list[Loop], batch: BatchedAlgorithm, streams: list[Streams]) -> None:
+        self.loops, self.batch, self.streams = loops, batch, streams
         self.outcomes: dict[int, Outcome] = {}  # each ended seed's
         self.envs: list[VectorEnv] = [
-            _Guarded(loop.parts.envs, functools.partial(self._env_failed, i)) for i, loop in enumerate(loops)
+            Guarded(loop.parts.envs, functools.partial(self._env_failed, i)) for i, loop in enumerate(loops)
         ]
 
     def running(self) -> list[int]:
@@ -212,7 +239,7 @@ class _Driver:
                 break
             stopped = self._iteration(lead)
         for i in self.running():
-            with _seed(loops[i].run, self.generators[i]):
+            with _seed(loops[i].run, self.streams[i]):
                 try:
                     self.outcomes[i] = loops[i].finish(stopped)
                 except Exception as e:  # finish left its recovery checkpoint
@@ -244,7 +271,7 @@ class _Driver:
                 self._failed(i, nonfinite_at(e, loop.updating()))
                 continue
             loop.recovery.updating = False
-            with _seed(loop.run, self.generators[i]):
+            with _seed(loop.run, self.streams[i]):
                 try:
                     done = loop.iteration_done(collected[i], own)
                 except Exception as e:
@@ -276,7 +303,7 @@ class _Driver:
         loop = self.loops[i]
         self.outcomes[i] = error
         leading.set(next((self.loops[j].run.run_dir for j in self.running()), None))
-        cast(_Guarded, self.envs[i]).stop()
+        cast(Guarded, self.envs[i]).stop()
         self.batch.stop_seed(i)
         with _seed(loop.run, None):
             if recover:
@@ -287,10 +314,11 @@ class _Driver:
             log.error("seed=%d failed: %s: %s%s", loop.run.cfg.seed, type(error).__name__, error, go_on)
 
 
-class _Guarded:
-    """A seed's vector env as its batch steps it: a step that raises ends the seed (`failed(error)`, at once), and
-    from then on (and after stop()) the env is never stepped again: each step stands in with zero observations, no
-    reward and no episode end, which the stopped seed's rows of the batch take and nothing uses."""
+class Guarded:
+    """A seed's vector env as its batch steps it: a step that raises ends the seed (fail(error), at once), and from
+    then on (and after stop()) the env is never stepped again: each step stands in with zero observations, no reward
+    and no episode end, which the stopped seed's rows of the batch take and nothing uses. (rlrun/fast/joined_sync.py
+    steps the envs inside it the same way.)"""
 
     def __init__(self, envs: VectorEnv, failed: Callable[[Exception], None]) -> None:
         self.envs, self.failed, self.stopped = envs, failed, False
@@ -309,13 +337,13 @@ class _Guarded:
             try:
                 self.envs.send(group, actions)
             except Exception as e:
-                self._fail(e)
+                self.fail(e)
 
     def recv(self, group: int) -> StepResult:
         g = self.groups[group]
         return self._stepped(lambda: self.envs.recv(group), g.stop - g.start)
 
-    def _fail(self, error: Exception) -> None:
+    def fail(self, error: Exception) -> None:
         self.stopped = True
         self.failed(error)
 
@@ -324,7 +352,7 @@ class _Guarded:
             try:
                 return step()
             except Exception as e:
-                self._fail(e)
+                self.fail(e)
         space = self.single_observation_space
         obs = np.zeros((n, *(space.shape or ())), dtype=space.dtype)
         return StepResult(obs, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), {}, EndedEpisodes.none(n))

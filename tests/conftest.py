@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,10 +28,16 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from rlrun.algos.batched_ppo import BatchedPPO
+from rlrun.algos.ppo import PPO, PPOConfig
 from rlrun.algos.protocol import EnvSpec
 from rlrun.compose.store import register_configs
-from rlrun.config import CONF_DIR, ModelConfig, TrainConfig
+from rlrun.config import CONF_DIR, EnvConfig, ModelConfig, TrainConfig
 from rlrun.distributed import from_env
+from rlrun.envs import SyncEnvs, env_seeds, make_env
+from rlrun.fast import accelerate
+from rlrun.seeding import TRAIN, torch_seed
+from rlrun.seeds import streams_now
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -167,6 +174,59 @@ def typed(*overrides: str) -> TrainConfig:
         return OmegaConf.to_object(compose("train", overrides=list(overrides)))
 
 
+CPU = torch.device("cpu")
+
+
+@dataclass
+class Batch:
+    """Seeds side by side in a BatchedPPO, as rlrun/seeds.py builds them: each seed's PPO and envs as its single run
+    builds them, the batch over them, the accelerations that applied (algo.fast: rlrun/fast/)."""
+
+    seeds: list[int]
+    algos: list[PPO]
+    envs: list[SyncEnvs]
+    batch: BatchedPPO
+    applied: list[str]
+
+    def train(self, updates: int) -> list[list[float]]:
+        """`updates` iterations of collect and update; each seed's epochs per update."""
+        epochs: list[list[float]] = [[] for _ in self.seeds]
+        for i in range(updates):
+            self.batch.collect(self.envs)
+            for s, stats in enumerate(self.batch.update(progress=i / updates)):
+                epochs[s].append(stats["epochs"])
+        return epochs
+
+    def close(self) -> None:
+        for e in self.envs:
+            e.close()
+
+
+def seed_run(cfg: PPOConfig, env: EnvConfig, seed: int, device: torch.device = CPU) -> tuple[PPO, SyncEnvs]:
+    """A seed's PPO and envs as its single run builds them (rlrun/training/parts.py): torch's global generator seeded
+    for the seed's training stream before the model is built, envs reset on the seed's env seeds. The global
+    generator is left where the seed's stream stands after building."""
+    envs = SyncEnvs([make_env(env, train=True) for _ in range(env.num_envs)])
+    torch.manual_seed(torch_seed(seed, 0, TRAIN))
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, env.num_envs)
+    algo = PPO(cfg, ModelConfig(), spec, device)
+    algo.start(envs.reset(seed=env_seeds(seed, 0, env.num_envs))[0])
+    return algo, envs
+
+
+def ppo_batch(cfg: PPOConfig, env: EnvConfig, seeds: list[int], fast: bool, device: torch.device = CPU) -> Batch:
+    """The seeds in one BatchedPPO (each built with algo.fast=false and its random streams taken, as rlrun/seeds.py
+    builds them), its parts accelerated when `fast`."""
+    built, streams = [], []
+    for seed in seeds:
+        built.append(seed_run(replace(cfg, fast=False), env, seed, device))
+        streams.append(streams_now(device))
+    algos, envs = [a for a, _ in built], [e for _, e in built]
+    on_device = [d for _, d in streams if d is not None]
+    batch = BatchedPPO(algos, [g for g, _ in streams], on_device or None, fast=fast)
+    return Batch(seeds, algos, envs, batch, accelerate(batch, envs))
+
+
 def sac_batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """A replay batch of `n` Pendulum-shaped transitions for SAC and TD3."""
     g = torch.Generator().manual_seed(seed)
@@ -189,7 +249,8 @@ def chi2(counts: np.ndarray, expected: np.ndarray) -> float:
 
 
 class Faulty(gym.Env):
-    """CartPole-shaped env that misbehaves on a chosen step: raise, hang, or segfault."""
+    """CartPole-shaped env that misbehaves on a chosen step: raise, hang, segfault, or return a NaN observation (any
+    other mode: never)."""
 
     observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -215,6 +276,8 @@ class Faulty(gym.Env):
 
                 faulthandler.disable()  # pytest's crash dump would only clutter the test log
                 ctypes.string_at(0)
+            if self.mode == "nan":
+                return np.full(4, np.nan, np.float32), 1.0, False, False, {}
         return np.zeros(4, np.float32), 1.0, False, False, {}
 
 

@@ -33,11 +33,13 @@ class BatchedAlgorithm(Protocol):
 
 @dataclass(frozen=True)
 class Entry:
-    """A batched learner: "module:Class", built as Class(seeds, generators), and "module:function", which says why
-    a seed's built algorithm cannot train in it (None when it can)."""
+    """A batched learner: "module:Class", built as Class(seeds, generators, **options), and "module:function", which
+    says why a seed's built algorithm cannot train in it (None when it can); `takes`: the options of batch_of that
+    Class takes (the others are not given to it)."""
 
     build: str
     refusal: str
+    takes: tuple[str, ...] = ()
 
 
 def _load(path: str) -> Any:
@@ -46,7 +48,9 @@ def _load(path: str) -> Any:
 
 
 BATCHED: dict[str, Entry] = {
-    "ppo": Entry("rlrun.algos.batched_ppo:BatchedPPO", "rlrun.algos.batched_ppo:unbatchable"),
+    "ppo": Entry(
+        "rlrun.algos.batched_ppo:BatchedPPO", "rlrun.algos.batched_ppo:unbatchable", ("device_generators", "fast")
+    ),
     "a2c": Entry("rlrun.algos.batched_a2c:BatchedA2C", "rlrun.algos.batched_a2c:unbatchable"),
     "dqn": Entry("rlrun.algos.batched_dqn:BatchedDQN", "rlrun.algos.batched_dqn:unbatchable"),
     "sac": Entry("rlrun.algos.batched_sac:BatchedSAC", "rlrun.algos.batched_sac:unbatchable"),
@@ -62,8 +66,19 @@ def unbatchable(name: str, algo: object) -> str | None:
     return refusal(algo)
 
 
-def batch_of(name: str, seeds: list[Any], generators: list[torch.Generator]) -> BatchedAlgorithm:
+def batch_of(
+    name: str,
+    seeds: list[Any],
+    generators: list[torch.Generator],
+    device_generators: list[torch.Generator] | None = None,
+    fast: bool = False,
+) -> BatchedAlgorithm:
     """The batched learner of algo=`name` for the seeds' algorithms (each checked by unbatchable first) and their
-    training generators."""
-    build: Callable[[list[Any], list[torch.Generator]], BatchedAlgorithm] = _load(BATCHED[name].build)
-    return build(seeds, generators)
+    training generators. Options, for the learners that take them (Entry.takes): `device_generators`, on a GPU each
+    seed's stream of the device's generator (PPO draws its acting noise there, as its single run does; the others
+    draw theirs on the CPU and move it, which a single GPU run does not); `fast`, the run's algo.fast (whether
+    rlrun/fast/ may accelerate the learner's parts)."""
+    entry = BATCHED[name]
+    build: Callable[..., BatchedAlgorithm] = _load(entry.build)
+    options = {"device_generators": device_generators, "fast": fast}
+    return build(seeds, generators, **{k: v for k, v in options.items() if k in entry.takes})

@@ -11,28 +11,37 @@ aside with one line when they differ (selfcheck.py), so an edit to algos/ or mod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 import torch
 
 from rlrun.algos.a2c import A2C, A2CParts, A2CUnroll
+from rlrun.algos.batched import BatchedAlgorithm
+from rlrun.algos.batched_ppo import BatchedPPO, BatchedPPOParts
 from rlrun.algos.dqn import DQN, DQNParts
 from rlrun.algos.parts import OptimizerParts
 from rlrun.algos.ppo import PPO, PPOLearner, PPOParts
 from rlrun.algos.protocol import Algorithm, VectorEnv
 from rlrun.envs.pool import WorkerPool
 from rlrun.envs.ray_envs import RayEnvs
+from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
 from rlrun.fast.channels_last import ChannelsLast
 from rlrun.fast.flat_adam import FlatAdams
 from rlrun.fast.fused_a2c import FusedA2CUnroll
+from rlrun.fast.fused_batched_ppo import FusedBatchedPPOLearner, fusable_batch
 from rlrun.fast.fused_dqn import FusedDQNLearner, FusedQTargets, fusable_q
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
+from rlrun.fast.joined_sync import all_in_process, join_envs
 from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_q import NumpyEpsilonGreedy
+from rlrun.fast.rollout_noise import draw_noise_at_once
 from rlrun.fast.selfcheck import (
+    CheckedBatchedPolicy,
     CheckedDQNLearner,
     CheckedEpsilonGreedy,
     CheckedLearner,
+    CheckedNoise,
     CheckedPolicy,
     CheckedQTargets,
 )
@@ -41,12 +50,17 @@ from rlrun.models import ActorCritic, trainable
 from rlrun.models.encoders import NatureCNN
 
 
-def accelerate(algo: Algorithm, envs: VectorEnv) -> list[str]:
+def accelerate(algo: Algorithm | BatchedAlgorithm, envs: VectorEnv | Sequence[VectorEnv]) -> list[str]:
     """Swap the accelerations that apply into `algo`'s parts (built, not yet trained or wrapped in DDP); `algo`
-    collects from `envs`. Returns their names, for the log. Each with the condition it needs and why it pays:"""
+    collects from `envs` (a batched learner of several seeds, rlrun/algos/batched.py: from each seed's). Returns their
+    names, for the log. Each with the condition it needs and why it pays:"""
     parts = getattr(algo, "parts", None)  # an algorithm without declared parts has nothing to swap
     cfg: Any = getattr(algo, "cfg", None)  # the algorithm's config section (algo.fast, its lr and Adam epsilon)
     if parts is None or cfg is None or not cfg.fast:
+        return []
+    if isinstance(envs, Sequence):  # a batch of seeds, one vector env each
+        if isinstance(parts, BatchedPPOParts) and isinstance(algo, BatchedPPO):
+            return _accelerate_seeds(algo, parts, envs)
         return []
     # PPO's and A2C's parts come with the rest of PPO and A2C, which their accelerations read (rollout, model, cfg).
     if isinstance(parts, PPOParts) and isinstance(algo, PPO):
@@ -116,6 +130,34 @@ def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
     q_values = lambda obs: model(torch.as_tensor(obs, dtype=algo.obs_dtype))  # noqa: E731
     parts.epsilon_greedy = CheckedEpsilonGreedy(NumpyEpsilonGreedy(model), parts.epsilon_greedy, q_values)
     return applied + ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
+
+
+def _accelerate_seeds(batch: BatchedPPO, parts: BatchedPPOParts, envs: Sequence[VectorEnv]) -> list[str]:
+    applied, model, cfg = [], batch.model, batch.cfg
+    if all_in_process(envs):
+        # A step runs every seed's envs into one set of arrays and returns one result for the S x N envs, instead of
+        # S vector steps and their join: the per-step calls that do not grow with the envs are made once, not S times.
+        parts.join_envs = join_envs
+        applied.append("seeds' envs stepped as one")
+    fused = fusable_batch(model)
+    if fused:
+        # One autograd node per minibatch for all seeds (hand-written gradient), as the fused PPO loss for one.
+        # Checked against BatchedPPOLearner on the first minibatch.
+        names = ("fused batched PPO loss", "algos/batched_ppo.py")
+        fast = FusedBatchedPPOLearner(model, cfg)
+        parts.learner = CheckedLearner(fast, parts.learner, model.seed_parameters(), names)
+        applied.append("fused batched PPO loss")
+    if fused and batch.device.type == "cpu":
+        # Acting in numpy on views of the stacked weights: at a few envs per seed a numpy call costs a fraction of a
+        # torch operator. Checked against BatchedActorCritic.act on the first step.
+        parts.policy = CheckedBatchedPolicy(BatchedNumpyPolicy(model), parts.policy)
+        applied.append("batched numpy acting")
+    if model.kind == "categorical" and all(g.device.type == "cpu" for g in batch.noise_generators):
+        # A rollout's noise in one draw per seed instead of one per seed and step (torch's CPU exponential kernel
+        # draws element by element). Checked against the step by step draws at the first rollout.
+        parts.draw_noise = CheckedNoise(draw_noise_at_once, parts.draw_noise)
+        applied.append("rollout noise drawn at once")
+    return applied
 
 
 def _flat_adam(parts: PPOParts | OptimizerParts | DQNParts, lr: float, eps: float) -> None:

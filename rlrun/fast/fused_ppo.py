@@ -107,33 +107,39 @@ def _trunk_backward(g: Tensor, x: Tensor, acts: list[Tensor], params: list[Tenso
 def distribution_forward(
     out: Tensor, actions: Tensor, log_std: Tensor | None
 ) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
-    """(log pi(a|s) [B], sum over the batch of sum(p log p) (the negative entropy), what distribution_backward
-    needs) from the policy head's output [B, A] (categorical logits; a Gaussian mean when log_std is given)."""
+    """(log pi(a|s) [..., B], sum over the B rows of sum(p log p) (the negative entropy) [...], what
+    distribution_backward needs) from the policy head's output [..., B, A] (categorical logits; a Gaussian mean when
+    log_std is given, [A] or [..., 1, A]). One seed's [B, A], or a batch of seeds' [S, B, A]."""
     if log_std is None:
         log_p = out.log_softmax(-1)
         p = log_p.exp()
         neg_entropy = (p * log_p).sum(-1)
-        return log_p.gather(1, actions.unsqueeze(1)).squeeze(1), neg_entropy.sum(), (log_p, p, neg_entropy)
+        log_prob = log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return log_prob, neg_entropy.sum(-1), (log_p, p, neg_entropy)
     inv_std = torch.exp(-log_std)
     z = (actions - out) * inv_std
-    log_prob = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * LOG_2PI * out.shape[1]
-    neg_entropy_sum = (log_std.sum() + 0.5 * (1.0 + LOG_2PI) * out.shape[1]) * -len(out)
+    n, dims = out.shape[-2], out.shape[-1]
+    log_prob = (-0.5 * z.square() - log_std).sum(-1) - 0.5 * LOG_2PI * dims
+    neg_entropy_sum = (log_std.reshape(*out.shape[:-2], -1).sum(-1) + 0.5 * (1.0 + LOG_2PI) * dims) * -n
     return log_prob, neg_entropy_sum, (z, inv_std)
 
 
 def distribution_backward(
     dist: tuple[Tensor, ...], actions: Tensor, g_log_prob: Tensor, g_entropy: Tensor
 ) -> tuple[Tensor, list[Tensor]]:
-    """(gradient of the policy head's output [B, A], [gradient of log_std] if Gaussian) of a loss whose gradient is
-    g_log_prob [B] with respect to each log pi(a|s) and -g_entropy with respect to the mean entropy."""
+    """(gradient of the policy head's output [..., B, A], [gradient of log_std] if Gaussian) of a loss whose gradient
+    is g_log_prob [..., B] with respect to each log pi(a|s) and -g_entropy [...] with respect to the mean entropy."""
     if len(dist) == 3:
         log_p, p, neg_entropy = dist
+        per_entry = g_entropy.reshape(*g_entropy.shape, 1, 1) / p.shape[-2]  # [..., 1, 1]: a mean over the rows
         # d log pi(a) / d logits = onehot(a) - p;  d sum(p log p) / d logits = p (log p - sum(p log p))
-        g_out = p * ((g_entropy / len(p)) * (log_p - neg_entropy.unsqueeze(1)) - g_log_prob.unsqueeze(1))
-        return g_out.scatter_add_(1, actions.unsqueeze(1), g_log_prob.unsqueeze(1)), []
+        g_out = p * (per_entry * (log_p - neg_entropy.unsqueeze(-1)) - g_log_prob.unsqueeze(-1))
+        return g_out.scatter_add_(-1, actions.unsqueeze(-1), g_log_prob.unsqueeze(-1)), []
     z, inv_std = dist
     # d log pi / d log_std = z^2 - 1 per dimension; the entropy grows by 1 per unit of log_std.
-    return g_log_prob.unsqueeze(1) * z * inv_std, [g_log_prob @ (z.square() - 1) - g_entropy]
+    g_log_std = (g_log_prob.unsqueeze(-1) * (z.square() - 1)).sum(-2).view_as(inv_std)
+    g_log_std -= g_entropy.reshape(*g_entropy.shape, *[1] * (inv_std.dim() - g_entropy.dim()))
+    return g_log_prob.unsqueeze(-1) * z * inv_std, [g_log_std]
 
 
 def network_backward(
@@ -146,6 +152,56 @@ def network_backward(
     g_head = [g_out.t().mm(actor), g_out.sum(0), g_value.unsqueeze(0).mm(critic), g_value.sum(0, keepdim=True)]
     g_features = torch.stack([g_out.mm(wp), g_value.unsqueeze(1) * wv])
     return _trunk_backward(g_features, x, acts, trunk, relu), g_head
+
+
+def loss_sums(
+    log_prob: Tensor,
+    neg_entropy_sum: Tensor,
+    values: Tensor,
+    old_log_probs: Tensor,
+    adv: Tensor,
+    returns: Tensor,
+    old_values: Tensor,
+    cfg: PPOConfig,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The PPO loss's five terms summed over the last dim [..., 5] (the clipped surrogate, the squared value error,
+    the negative entropy, the approx KL, the clipped count), from log pi(a|s) and V [..., B] and the sum of sum(p log p)
+    [...]; and what the backward needs: the surrogate where its gradient flows and the value error whose gradient
+    flows, [..., B]. One seed's minibatch [B], or a batch of seeds' [S, B] (rlrun/fast/fused_batched_ppo.py)."""
+    log_ratio = log_prob - old_log_probs
+    ratio = log_ratio.exp()
+    clamped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+    surrogate, surrogate_clipped = adv * ratio, adv * clamped
+    error = values - returns
+    if cfg.clip_vloss:  # as OpenAI baselines: the larger of the errors of V and of V clipped to old_V +- clip
+        clipped_error = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef) - returns
+        use_clipped = clipped_error.square() > error.square()
+        loss_error = torch.where(use_clipped, clipped_error, error)
+        # d/dV of the clipped branch is zero where the clamp is active.
+        in_range = (values - old_values).abs() <= cfg.clip_coef
+        error = torch.where(use_clipped, clipped_error * in_range, error)
+    else:
+        loss_error = error
+    sums = torch.stack(
+        [
+            torch.min(surrogate, surrogate_clipped).sum(-1),
+            loss_error.square().sum(-1),
+            neg_entropy_sum,
+            (ratio - log_ratio).sum(-1),  # approx KL: the k3 estimator E[(r - 1) - log r] (Schulman 2020)
+            clamped.ne(ratio).sum(-1, dtype=torch.float32),
+        ],
+        dim=-1,
+    )
+    # The policy term's gradient flows through the ratio where the unclipped surrogate is the smaller one.
+    return sums, surrogate * (surrogate <= surrogate_clipped), error
+
+
+def stats_and_loss(sums: Tensor, n: int, cfg: PPOConfig) -> tuple[Tensor, Tensor]:
+    """(stats [..., 5], loss [...]) from loss_sums' sums over n rows: each a mean, weighed into the loss by one dot
+    product (_constants)."""
+    offset, scale, weights = _constants(sums.device, cfg.vf_coef, cfg.ent_coef)
+    stats = torch.addcmul(offset, sums, scale, value=1 / n)
+    return stats, stats[..., :3] @ weights
 
 
 class FusedPPOLoss(torch.autograd.Function):
@@ -176,35 +232,12 @@ class FusedPPOLoss(torch.autograd.Function):
         acts = twin_mlp_forward(x, trunk, relu)
         out, values = _heads_forward(acts[-1], head)
         log_prob, neg_entropy_sum, ctx.dist = distribution_forward(out, actions, head[4] if not discrete else None)
-        log_ratio = log_prob - old_log_probs
-        ratio = log_ratio.exp()
-        clamped = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
-        surrogate, surrogate_clipped = adv * ratio, adv * clamped
-        error = values - returns
-        if cfg.clip_vloss:  # as OpenAI baselines: the larger of the errors of V and of V clipped to old_V +- clip
-            clipped_error = old_values + (values - old_values).clamp(-cfg.clip_coef, cfg.clip_coef) - returns
-            use_clipped = clipped_error.square() > error.square()
-            loss_error = torch.where(use_clipped, clipped_error, error)
-            # d/dV of the clipped branch is zero where the clamp is active.
-            in_range = (values - old_values).abs() <= cfg.clip_coef
-            error = torch.where(use_clipped, clipped_error * in_range, error)
-        else:
-            loss_error = error
-        sums = torch.stack(
-            [
-                torch.min(surrogate, surrogate_clipped).sum(),
-                loss_error.square().sum(),
-                neg_entropy_sum,
-                (ratio - log_ratio).sum(),  # approx KL: the k3 estimator E[(r - 1) - log r] (Schulman 2020)
-                clamped.ne(ratio).sum(dtype=torch.float32),
-            ]
+        sums, surrogate_used, error = loss_sums(
+            log_prob, neg_entropy_sum, values, old_log_probs, adv, returns, old_values, cfg
         )
-        offset, scale, weights = _constants(x.device, cfg.vf_coef, cfg.ent_coef)
-        stats = torch.addcmul(offset, sums, scale, value=1 / n)
-        loss = stats[:3] @ weights
+        stats, loss = stats_and_loss(sums, n, cfg)
         ctx.cfg, ctx.relu, ctx.discrete = cfg, relu, discrete
-        # The policy term's gradient flows through the ratio where the unclipped surrogate is the smaller one.
-        ctx.saved = (x, actions, acts, trunk, head, surrogate * (surrogate <= surrogate_clipped), error)
+        ctx.saved = (x, actions, acts, trunk, head, surrogate_used, error)
         ctx.mark_non_differentiable(stats)
         return loss, stats
 

@@ -1,20 +1,21 @@
 """The self-check of the accelerations that re-write the math (the fused PPO and DQN losses, DQN's fused targets, the
-fused A2C unroll, numpy acting): at its first use in a process (a run's first update or first act, and so again after
-every resume), each runs beside the reference part it replaces on the same inputs and compares what comes out. Beyond
-TOLERANCE it steps aside for the rest of the run, with one log line naming it and the size of the difference, and the
-reference runs, so an edit to algos/ or models/ is what trains. A check that passes changes nothing: it draws no random
-numbers (acting restores torch's generator) and the accelerated part's results are the ones used, computed as without
-the check."""
+fused A2C unroll, numpy acting, and their counterparts for a batch of PPO seeds): at its first use in a process (a
+run's first update or first act, and so again after every resume), each runs beside the reference part it replaces
+on the same inputs and compares what comes out. Beyond TOLERANCE it steps aside for the rest of the run, with one log
+line naming it and the size of the difference, and the reference runs, so an edit to algos/ or models/ is what
+trains. A check that passes changes nothing: it draws no random numbers (acting restores torch's generator) and the
+accelerated part's results are the ones used, computed as without the check."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from rlrun.algos.batched_ppo import BatchedActing, DrawNoise
 from rlrun.algos.parts import Acting
 
 log = logging.getLogger("rlrun")
@@ -62,13 +63,19 @@ def steps_aside(name: str, reference: str, diff: float) -> bool:
 
 class CheckedLearner(nn.Module):
     """PPO's learner (forward(**minibatch) -> (loss, stats)): the fused loss, checked against the reference
-    learner on the first minibatch it gets, and the reference for the rest of the run if they differ."""
+    learner on the first minibatch it gets, and the reference for the rest of the run if they differ. Also a batch
+    of seeds' (BatchedPPOLearner: a loss per seed [S], whose sum's gradient is checked), under its own names."""
 
-    NAME, REFERENCE = "fused PPO loss", "algos/ppo.py"
-
-    def __init__(self, fast: nn.Module, reference: nn.Module, params: list[nn.Parameter]):
+    def __init__(
+        self,
+        fast: nn.Module,
+        reference: nn.Module,
+        params: list[nn.Parameter],
+        names: tuple[str, str] = ("fused PPO loss", "algos/ppo.py"),
+    ):
         super().__init__()
         self.fast, self.reference, self.params = fast, reference, params
+        self.NAME, self.REFERENCE = names
         self.active, self.checked = fast, False
 
     def forward(self, **minibatch: Tensor) -> tuple[Tensor, Tensor]:
@@ -83,8 +90,8 @@ class CheckedLearner(nn.Module):
         """The largest difference in loss, stats and gradients, on the minibatch and on a probe of it whose old
         log-probs and values are moved off by fixed steps: at the first update every ratio is 1 and every value its
         old one, so the clipped branches (and an edit to them) would not show on the minibatch alone."""
-        n = len(minibatch["old_log_probs"])
-        steps = (torch.arange(n, device=minibatch["old_log_probs"].device) % 3 - 1).float()  # -1, 0, 1, ...
+        old = minibatch["old_log_probs"]
+        steps = (torch.arange(old.numel(), device=old.device) % 3 - 1).float().view_as(old)  # -1, 0, 1, ...
         probe = minibatch | {
             "old_log_probs": minibatch["old_log_probs"] + 0.3 * steps,
             "old_values": minibatch["old_values"] + 0.5 * steps,
@@ -95,19 +102,39 @@ class CheckedLearner(nn.Module):
         loss, stats = self.fast(**minibatch)
         ref_loss, ref_stats = self.reference(**minibatch)
         outputs = max(difference(loss, ref_loss), difference(stats, ref_stats))
-        return max(outputs, gradient_difference(gradients(loss, self.params), gradients(ref_loss, self.params)))
+        fast_grads, ref_grads = gradients(loss.sum(), self.params), gradients(ref_loss.sum(), self.params)
+        return max(outputs, gradient_difference(fast_grads, ref_grads))
 
 
-class CheckedPolicy:
+A = TypeVar("A", Acting, BatchedActing)
+
+
+class _CheckedActing(Generic[A]):
+    """What the checked acting parts share: the check itself, on the first outputs (of act or value)."""
+
+    NAME, REFERENCE = "", ""
+
+    def __init__(self, fast: A, reference: A):
+        self.fast: A = fast
+        self.reference: A = reference
+        self.active: A = fast
+        self.checked = False
+
+    def _agrees(self, ours: tuple[Tensor, ...], expected: tuple[Tensor, ...]) -> bool:
+        """Whether the fast part stays, after its check on these outputs."""
+        self.checked = True
+        diff = max(difference(a.double(), b.double()) for a, b in zip(ours, expected, strict=True))
+        if steps_aside(self.NAME, self.REFERENCE, diff):
+            self.active = self.reference
+        return self.active is self.fast
+
+
+class CheckedPolicy(_CheckedActing[Acting]):
     """PPO's acting part (.act, .value): numpy acting, checked against the model's act on the first observations
     it acts on (the same noise: torch's generator is put back between the two), and the model for the rest of the
     run if their actions, log-probs or values differ."""
 
     NAME, REFERENCE = "numpy acting", "models/ (ActorCritic.act)"
-
-    def __init__(self, fast: Acting, reference: Acting):
-        self.fast, self.reference = fast, reference
-        self.active, self.checked = fast, False
 
     def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.checked:
@@ -129,13 +156,25 @@ class CheckedPolicy:
         ours, expected = self.fast.value(obs), self.reference.value(obs)
         return ours if self._agrees((ours,), (expected,)) else expected
 
-    def _agrees(self, ours: tuple[Tensor, ...], expected: tuple[Tensor, ...]) -> bool:
-        """Whether numpy acting stays, after its check on these outputs (of act or value)."""
-        self.checked = True
-        diff = max(difference(a.double(), b.double()) for a, b in zip(ours, expected, strict=True))
-        if steps_aside(self.NAME, self.REFERENCE, diff):
-            self.active = self.reference
-        return self.active is self.fast
+
+class CheckedBatchedPolicy(_CheckedActing[BatchedActing]):
+    """A batch of seeds' acting part (BatchedActing: .act with the seeds' noise, .value): numpy acting, checked against
+    the stacked model on the first observations it acts on or values (the noise is given, so both draw nothing), and
+    the model for the rest of the run if their actions, log-probs or values differ."""
+
+    NAME, REFERENCE = "batched numpy acting", "algos/batched_ppo.py (BatchedActorCritic.act)"
+
+    def act(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.checked:
+            return self.active.act(obs, noise)
+        ours, expected = self.fast.act(obs, noise), self.reference.act(obs, noise)
+        return ours if self._agrees(ours, expected) else expected
+
+    def value(self, obs: Tensor) -> Tensor:
+        if self.checked:
+            return self.active.value(obs)
+        ours, expected = self.fast.value(obs), self.reference.value(obs)
+        return ours if self._agrees((ours,), (expected,)) else expected
 
 
 class CheckedDQNLearner(nn.Module):
@@ -233,3 +272,34 @@ class CheckedEpsilonGreedy:
         with torch.no_grad():
             q = self.q_values(obs)
         return max(differ, difference(torch.from_numpy(self.fast.q_values(obs)), q))
+
+
+class CheckedNoise:
+    """A batch's rollout noise (DrawNoise) drawn at once, checked against the reference's step by step draws on copies
+    of the seeds' generators at the first rollout: the same numbers and the generators left in the same states, or
+    the reference for the rest of the run (a seed must draw what its single run draws, exactly)."""
+
+    NAME, REFERENCE = "rollout noise drawn at once", "algos/batched_ppo.py (draw_noise)"
+
+    def __init__(self, fast: DrawNoise, reference: DrawNoise):
+        self.fast, self.reference = fast, reference
+        self.active, self.checked = fast, False
+
+    def __call__(
+        self, generators: Sequence[torch.Generator], kind: str, shape: tuple[int, int, int], device: torch.device
+    ) -> Tensor:
+        if self.checked:
+            return self.active(generators, kind, shape, device)
+        self.checked = True
+        copies = [torch.Generator(g.device).set_state(g.get_state()) for g in generators]
+        expected = self.reference(copies, kind, shape, device)
+        ours = self.fast(generators, kind, shape, device)
+        same_states = all(torch.equal(g.get_state(), c.get_state()) for g, c in zip(generators, copies, strict=True))
+        if same_states and torch.equal(ours, expected):
+            return ours
+        diff = difference(ours, expected) or float("inf")  # equal numbers with the streams left elsewhere
+        log.warning("%s differs from %s by %.1e: running the reference", self.NAME, self.REFERENCE, diff)
+        for g, c in zip(generators, copies, strict=True):  # the streams as the reference left them
+            g.set_state(c.get_state())
+        self.active = self.reference
+        return expected

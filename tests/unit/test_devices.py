@@ -20,7 +20,7 @@ from rlrun.checkpoint import rng_state, set_rng_state
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, frame_stack, make_env
 from rlrun.fast import accelerate
-from tests.conftest import tensors_in
+from tests.conftest import ppo_batch, tensors_in
 from tests.simulated_device import simulated_device
 
 BREAKOUT = EnvConfig(id="ALE/Breakout-v5", num_envs=2)
@@ -103,6 +103,27 @@ def _collect_update_act_and_state(algo_cfg, model_cfg, env_cfg: EnvConfig, envs,
     algo.load_state_dict(state)
     algo.collect(envs, 0.2)
     algo.update(0.2)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("normalize", [False, True], ids=["plain", "normalized"])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "reference"])
+def test_a_batch_of_seeds_collects_updates_and_saves_on_a_non_cpu_device(fast, normalize):
+    """The batched PPO of several seeds (hydra/launcher=batched) on the device: its acting noise drawn from each
+    seed's generator and moved there, per-seed decisions (target KL) taken on the host, checkpoints that load back."""
+    cfg = PPOConfig(**SMALL_PPO, target_kl=0.01, normalize_obs=normalize, normalize_reward=normalize)
+    with simulated_device() as device:
+        b = ppo_batch(cfg, CARTPOLE, [0, 1], fast, device)
+        try:
+            b.train(2)
+            assert next(b.batch.model.parameters()).device == device
+            for algo in b.algos:
+                assert next(algo.model.parameters()).device == device
+                algo.load_state_dict(algo.state_dict())  # as a resume loads a seed's checkpoint
+            b.batch.load_seeds()
+            b.train(1)
+        finally:
+            b.close()
 
 
 def test_observations_of_any_dtype_reach_the_networks_as_float32_and_frames_stay_bytes():

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlrun.algos import A2CConfig, PPOConfig, build_algo
+from rlrun.algos import A2CConfig, PPOConfig, batched_ppo, build_algo
 from rlrun.algos import a2c as a2c_module
 from rlrun.algos import dqn as dqn_module
 from rlrun.algos import ppo as ppo_module
@@ -26,6 +26,7 @@ from rlrun.models import distributions as D
 from rlrun.models import encoders
 from rlrun.models import q_network as q_network_module
 from rlrun.models.encoders import TwinMLP
+from tests.conftest import ppo_batch
 
 LINE = re.compile(r"(.+) differs from (.+) by (\d\.\de[-+]\d\d): running the reference")
 PPO_SMALL = PPOConfig(num_steps=32, num_minibatches=2, update_epochs=2)
@@ -231,3 +232,78 @@ def test_an_unedited_dqn_run_passes_its_checks_and_equals_the_unchecked_run(capl
     unchecked, _ = train(DQN_SMALL, fast=True, unchecked=True)
     for a, b in zip(checked, unchecked, strict=True):
         assert torch.equal(a, b)
+
+
+def train_batch(fast: bool, unchecked: bool = False) -> tuple[list[torch.Tensor], list[str]]:
+    """The stacked parameters of seeds 1 and 2 trained side by side (rlrun/algos/batched_ppo.py) for 3 iterations
+    on CartPole, accelerated when `fast`; and the accelerations that applied. `unchecked`: without their
+    self-checks."""
+    b = ppo_batch(PPO_SMALL, EnvConfig(num_envs=4), [1, 2], fast)
+    try:
+        if unchecked:
+            b.batch.parts.learner, b.batch.parts.policy = b.batch.parts.learner.fast, b.batch.parts.policy.fast
+        b.train(3)
+        return [p.detach().clone() for p in b.batch.model.parameters()], b.applied
+    finally:
+        b.close()
+
+
+class HalvedValueLoss(batched_ppo.BatchedPPOLearner):
+    """BatchedPPOLearner with its value term halved, as a researcher might edit rlrun/algos/batched_ppo.py."""
+
+    def forward(self, **minibatch):
+        loss, stats = super().forward(**minibatch)
+        return loss - 0.5 * self.cfg.vf_coef * stats[:, 1], stats
+
+
+@pytest.mark.parametrize("edit", ["activation", "sampling", "loss"])
+def test_a_batch_of_seeds_steps_aside_for_an_edit(edit, monkeypatch, caplog):
+    """The batch's fused loss and numpy acting check themselves against algos/batched_ppo.py and models/ as the
+    single run's do: an activation edited (both step aside), the sampler edited (acting only), the batched loss
+    edited (the loss only); the run then trains what the batch's reference path trains."""
+    if edit == "activation":
+        monkeypatch.setitem(encoders.ACTIVATIONS, "tanh", SharperTanh)
+        expected = {"batched numpy acting", "fused batched PPO loss"}
+    elif edit == "sampling":
+        monkeypatch.setattr(D, "categorical_sample", greedy_sample)
+        expected = {"batched numpy acting"}
+    else:
+        monkeypatch.setattr(batched_ppo, "BatchedPPOLearner", HalvedValueLoss)
+        expected = {"fused batched PPO loss"}
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        fast, applied = train_batch(fast=True)
+    lines = stepped_aside(caplog)
+    assert set(lines) == expected and all(d > 1e-4 for d in lines.values()), lines
+    assert expected <= set(applied)
+    reference, _ = train_batch(fast=False)
+    for a, b in zip(fast, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_an_unedited_batch_passes_its_checks_and_equals_the_unchecked_batch(caplog):
+    with caplog.at_level(logging.DEBUG, logger="rlrun"):
+        checked, applied = train_batch(fast=True)
+    assert stepped_aside(caplog) == {}
+    assert {"fused batched PPO loss", "batched numpy acting"} <= set(applied)
+    unchecked, _ = train_batch(fast=True, unchecked=True)
+    for a, b in zip(checked, unchecked, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_rollout_noise_that_would_draw_otherwise_steps_aside(caplog):
+    """Noise drawn at once that does not match the step by step draws (as if torch's kernel drew in blocks): the
+    check says so, puts the seeds' streams where the reference leaves them, and the reference's noise is used."""
+    from rlrun.algos.batched_ppo import draw_rollout_noise as draw_noise
+    from rlrun.fast.selfcheck import CheckedNoise
+
+    def reversed_in_time(generators, kind, shape, device):
+        return draw_noise(generators, kind, shape, device).flip(0)
+
+    checked, cpu = CheckedNoise(reversed_in_time, draw_noise), torch.device("cpu")
+    generators = [torch.Generator().manual_seed(s) for s in range(2)]
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        noise = checked(generators, "categorical", (5, 3, 2), cpu)
+    assert set(stepped_aside(caplog)) == {"rollout noise drawn at once"}
+    copies = [torch.Generator().manual_seed(s) for s in range(2)]
+    assert torch.equal(noise, draw_noise(copies, "categorical", (5, 3, 2), cpu))
+    assert all(torch.equal(g.get_state(), c.get_state()) for g, c in zip(generators, copies))
