@@ -5,6 +5,7 @@ their episodes differ from those of the Python wrappers the other backends step 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -35,7 +36,8 @@ class Stepped(NamedTuple):
 
 
 class Inner(Protocol):
-    """A vectorized implementation as NativeEnvs steps it."""
+    """A vectorized implementation as NativeEnvs steps it: send actions, then receive the step (which may run in the
+    implementation's own threads in between)."""
 
     clip: bool  # rewards go to the algorithm as their sign
 
@@ -43,7 +45,8 @@ class Inner(Protocol):
     def env(self) -> gym.vector.VectorEnv: ...
 
     def reset(self, seeds: list[int] | None) -> tuple[np.ndarray, dict[str, Any]]: ...
-    def step(self, actions: np.ndarray) -> Stepped: ...
+    def send(self, actions: np.ndarray) -> None: ...
+    def recv(self) -> Stepped: ...
     def state(self) -> dict[str, Any] | None: ...  # plain data, or None when it cannot be saved
     def load_state(self, state: dict[str, Any]) -> None: ...
 
@@ -62,13 +65,17 @@ class CartPole:
         env = gym.make_vec(cfg.id, num_envs, vectorization_mode="vector_entry_point", **kwargs)
         assert isinstance(env, CartPoleVectorEnv) and env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
         self.env: CartPoleVectorEnv = env
+        self.actions = np.zeros(num_envs, np.int64)
 
     def reset(self, seeds: list[int] | None) -> tuple[np.ndarray, dict[str, Any]]:
         # One RNG draws every env's start state: the first env's seed seeds it (the others are its stream's too).
         return self.env.reset(seed=None if seeds is None else seeds[0])
 
-    def step(self, actions: np.ndarray) -> Stepped:
-        obs, rewards, terminated, truncated, _ = self.env.step(actions)
+    def send(self, actions: np.ndarray) -> None:
+        self.actions = actions
+
+    def recv(self) -> Stepped:
+        obs, rewards, terminated, truncated, _ = self.env.step(self.actions)
         done = terminated | truncated
         if not done.any():
             return Stepped(obs, rewards, terminated, truncated, None, done)
@@ -135,8 +142,11 @@ class Atari:
         self.lives[:], self.since[:] = info["lives"], 0
         return self._pad(obs, self.since), info
 
-    def step(self, actions: np.ndarray) -> Stepped:
-        obs, rewards, terminated, truncated, info = self.env.step(actions)
+    def send(self, actions: np.ndarray) -> None:
+        self.env.send(actions)  # its threads step while this one goes on
+
+    def recv(self) -> Stepped:
+        obs, rewards, terminated, truncated, info = self.env.recv()
         self.since += 1
         over = terminated | truncated  # the game: the ALE restarted it
         final = info["final_obs"] if over.any() else None
@@ -167,83 +177,105 @@ class Atari:
 
 
 class NativeEnvs:
-    """The VectorEnv of a vectorized implementation (`inner`): SAME_STEP steps, each finished episode's last
-    observation in info["final_obs"], the episodes' statistics as RecordEpisodeStatistics counts them (raw return
-    and agent steps), and with `check_finite`, a NaN or infinite observation or reward ends the run naming the env."""
+    """The VectorEnv of vectorized implementations (`parts`, each the envs of one group, in order): SAME_STEP steps,
+    each finished episode's last observation in info["final_obs"], the episodes' statistics as
+    RecordEpisodeStatistics counts them (raw return and agent steps), and with `check_finite`, a NaN or infinite
+    observation or reward ends the run naming the env. With two parts a collect loop acts for one while the other
+    steps in its threads (env.vector.double_buffer)."""
 
-    def __init__(self, inner: Inner, check_finite: bool = True):
-        self.inner, self.check_finite = inner, check_finite
-        env = inner.env
-        self.num_envs = env.num_envs
-        self.num_workers = 0  # its threads, if any, step while the rank waits: acting may use every core
+    def __init__(self, parts: list[Inner], check_finite: bool = True):
+        self.parts, self.check_finite = parts, check_finite
+        env = parts[0].env
+        sizes = np.cumsum([0] + [p.env.num_envs for p in parts])
+        self.groups = [slice(int(a), int(b)) for a, b in zip(sizes[:-1], sizes[1:])]
+        self.num_envs = int(sizes[-1])
+        self.num_workers = 0  # its threads, if any, step while the rank waits or acts for the other group
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = env.metadata
-        self.groups = [slice(0, self.num_envs)]
         self.returns = np.zeros(self.num_envs)  # of the episodes under way
         self.lengths = np.zeros(self.num_envs, np.int64)
-        self._result: StepResult | None = None
 
     def reset(
         self, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else seed
-        obs, info = self.inner.reset(None if seeds is None else list(seeds))
+        resets = [p.reset(None if seeds is None else list(seeds[g])) for p, g in zip(self.parts, self.groups)]
+        obs = np.concatenate([o for o, _ in resets])
         self.returns[:], self.lengths[:] = 0, 0
         if self.check_finite:
             require_finite_rows(obs, 0, "observation")
+        info = {k: np.concatenate([i[k] for _, i in resets]) for k in resets[0][1]}
         return obs, info
 
     def send(self, group: int, actions: np.ndarray) -> None:
-        self._result = self.step(actions)
+        self.parts[group].send(np.asarray(actions))
 
     def recv(self, group: int) -> StepResult:
-        assert self._result is not None, "recv without send"
-        result, self._result = self._result, None
-        return result
-
-    def step(self, actions: np.ndarray) -> StepResult:
-        obs, rewards, terminated, truncated, final, over = self.inner.step(np.asarray(actions))
+        g = self.groups[group]
+        obs, rewards, terminated, truncated, final, over = self.parts[group].recv()
         if self.check_finite:
-            require_finite_rows(obs, 0, "observation")
-            require_finite_rows(rewards, 0, "reward")
-        self.returns += rewards
-        self.lengths += 1
-        episodes = EndedEpisodes.none(self.num_envs)
+            require_finite_rows(obs, g.start, "observation")
+            require_finite_rows(rewards, g.start, "reward")
+        returns, lengths = self.returns[g], self.lengths[g]  # views
+        returns += rewards
+        lengths += 1
+        episodes = EndedEpisodes.none(len(obs))
         info: dict[str, Any] = {}
         if final is not None:
             ended = terminated | truncated
             for i in np.flatnonzero(ended) if self.check_finite else ():  # a truncation bootstraps from it
-                require_finite_rows(final[i : i + 1], int(i), "final observation")
+                require_finite_rows(final[i : i + 1], g.start + int(i), "final observation")
             info = {"final_obs": _object_rows(final, ended), "_final_obs": ended}
             if over.any():
-                returns, lengths = np.where(over, self.returns, 0.0), np.where(over, self.lengths, 0)
-                episodes = EndedEpisodes(over.copy(), returns, lengths)
-                self.returns[over], self.lengths[over] = 0, 0
-        if self.inner.clip:
+                episodes = EndedEpisodes(over.copy(), np.where(over, returns, 0.0), np.where(over, lengths, 0))
+                returns[over], lengths[over] = 0, 0
+        if self.parts[group].clip:
             rewards = np.sign(rewards)
         return StepResult(obs, rewards, terminated, truncated, info, episodes)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        for i, g in enumerate(self.groups):
+            self.send(i, actions[g])
+        results = [self.recv(i) for i in range(len(self.groups))]
+        if len(results) == 1:
+            return results[0]
+        infos = [r.info for r in results]
+        info = {}
+        if any(infos):
+            rows = [x.get("_final_obs", np.zeros(len(r.obs), bool)) for x, r in zip(infos, results)]
+            finals = [x.get("final_obs", np.full(len(r.obs), None, object)) for x, r in zip(infos, results)]
+            info = {"final_obs": np.concatenate(finals), "_final_obs": np.concatenate(rows)}
+        obs, rewards, terminated, truncated = (np.concatenate(f) for f in zip(*(r[:4] for r in results)))
+        return StepResult(
+            obs, rewards, terminated, truncated, info, EndedEpisodes.joined([r.episodes for r in results])
+        )
 
     def check_alive(self) -> None:
         """Nothing to check: the envs live in this process."""
 
     def get_env_state(self) -> list[Any]:
-        """One entry for the whole batch (its envs share arrays and an RNG); [None] when it cannot be saved."""
-        state = self.inner.state()
-        if state is None:
-            return [None]
-        episodes = {"returns": torch.from_numpy(self.returns.copy()), "lengths": torch.from_numpy(self.lengths.copy())}
-        return [{"native": state, **episodes}]
+        """One entry per group (its envs share arrays and an RNG); None for a group that cannot be saved."""
+        out: list[Any] = []
+        for part, g in zip(self.parts, self.groups):
+            state = part.state()
+            episodes = {
+                "returns": torch.from_numpy(self.returns[g].copy()),
+                "lengths": torch.from_numpy(self.lengths[g].copy()),
+            }
+            out.append(None if state is None else {"native": state, **episodes})
+        return out
 
     def set_env_state(self, state: list[Any]) -> None:
-        (mine,) = state
-        self.inner.load_state(mine["native"])
-        self.returns, self.lengths = mine["returns"].numpy().copy(), mine["lengths"].numpy().copy()
+        for part, g, mine in zip(self.parts, self.groups, state, strict=True):
+            part.load_state(mine["native"])
+            self.returns[g], self.lengths[g] = mine["returns"].numpy(), mine["lengths"].numpy()
 
     def close(self) -> None:
-        self.inner.env.close()
+        for part in self.parts:
+            part.env.close()
 
 
 def _object_rows(final: np.ndarray, ended: np.ndarray) -> np.ndarray:
@@ -255,11 +287,16 @@ def _object_rows(final: np.ndarray, ended: np.ndarray) -> np.ndarray:
 
 
 def make_native(cfg: EnvConfig, atari: AtariConfig | None, num_envs: int, train: bool) -> NativeEnvs:
-    """`num_envs` envs of `cfg` in their native vectorized implementation (check_native says which)."""
-    if check_native(cfg, atari) == "ale":
+    """`num_envs` envs of `cfg` in their native vectorized implementation (check_native says which); for training
+    with env.vector.double_buffer, in two halves, each with its share of the threads."""
+    kind, v = check_native(cfg, atari), cfg.vector
+    groups = 2 if v.double_buffer and train else 1
+    sizes = [len(s) for s in np.array_split(np.arange(num_envs), groups)]
+    if kind == "ale":
         assert atari is not None
-        return NativeEnvs(Atari(cfg, atari, num_envs, train, cfg.vector.num_workers), cfg.check_finite)
-    return NativeEnvs(CartPole(cfg, num_envs), cfg.check_finite)
+        threads = max(1, (v.num_workers or os.cpu_count() or 1) // groups)
+        return NativeEnvs([Atari(cfg, atari, n, train, threads) for n in sizes], cfg.check_finite)
+    return NativeEnvs([CartPole(cfg, n) for n in sizes], cfg.check_finite)
 
 
 if TYPE_CHECKING:  # mypy holds this backend to the contracts it implements (rlrun/envs/protocol.py)

@@ -3,6 +3,8 @@ same start states and actions), and each difference, stated by a test of its own
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -38,7 +40,7 @@ def test_cartpole_steps_as_the_python_envs_from_the_same_states():
     def copy_starts(rows):
         for i in rows:
             envs[i].reset()
-            envs[i].unwrapped.state = native.inner.env.state[:, i].copy()
+            envs[i].unwrapped.state = native.parts[0].env.state[:, i].copy()
 
     copy_starts(range(n))
     rng, ended, truncations = np.random.default_rng(0), 0, 0
@@ -112,7 +114,7 @@ def test_cartpole_env_state_round_trip_continues_exactly(tmp_path):
 def test_a_nan_observation_names_the_env():
     native = make_vector_env(cartpole(), 3)
     native.reset(seed=0)
-    native.inner.env.state[1, 2] = np.nan  # as a diverging simulation would leave it
+    native.parts[0].env.state[1, 2] = np.nan  # as a diverging simulation would leave it
     with pytest.raises(NonFiniteError, match="env 2 returned a NaN observation"):
         native.step(np.zeros(3, np.int64))
 
@@ -216,7 +218,7 @@ def test_atari_a_life_lost_ends_the_training_episode_and_the_game_goes_on():
 
 def test_atari_eval_envs_keep_raw_rewards_and_whole_games():
     native = make_vector_env(atari("Breakout"), 1, train=False)
-    assert not native.inner.life_loss and not native.inner.clip
+    assert not native.parts[0].life_loss and not native.parts[0].clip
     native.close()
 
 
@@ -247,3 +249,28 @@ def test_atari_env_state_is_not_saved():
     native = make_vector_env(atari("Breakout"), 2)
     assert native.get_env_state() == [None]
     native.close()
+
+
+def test_atari_double_buffered_halves_step_as_one_batch():
+    """env.vector.double_buffer: two AtariVectorEnvs (a collect loop acts for one while the other steps in its
+    threads) whose envs give what one batch's give, env by env, stepped by group or whole."""
+    double = replace(atari("Breakout"), vector=VectorConfig(backend="native", double_buffer=True))
+    one, two = make_vector_env(atari("Breakout"), 4), make_vector_env(double, 4)
+    assert [len(range(4)[g]) for g in two.groups] == [2, 2]
+    seeds = [11, 12, 13, 14]
+    np.testing.assert_array_equal(one.reset(seed=seeds)[0], two.reset(seed=seeds)[0])
+    rng = np.random.default_rng(0)
+    for t in range(300):
+        actions = rng.integers(0, 4, 4)
+        a = one.step(actions)
+        if t % 2:
+            b = two.step(actions)
+        else:  # as the collect loop does: a group sent, the other received
+            two.send(0, actions[:2])
+            two.send(1, actions[2:])
+            halves = [two.recv(0), two.recv(1)]
+            b = [np.concatenate([h[k] for h in halves]) for k in range(4)]
+        for x, y in zip(a[:4], b[:4]):
+            np.testing.assert_array_equal(x, y)
+    one.close()
+    two.close()
