@@ -40,6 +40,7 @@ class Inner(Protocol):
     implementation's own threads in between)."""
 
     clip: bool  # rewards go to the algorithm as their sign
+    threads: int  # its own, stepping the envs (0: it steps in the caller's)
 
     @property
     def env(self) -> gym.vector.VectorEnv: ...
@@ -56,7 +57,7 @@ class CartPole:
     its action and returns reward 0), restarting it in the step that ends it instead, with the draws from its RNG
     that its own restart would make. Its state is plain arrays and an RNG: runs resume exactly."""
 
-    clip = False
+    clip, threads = False, 0
 
     def __init__(self, cfg: EnvConfig, num_envs: int):
         kwargs = dict(cfg.kwargs)
@@ -129,6 +130,7 @@ class Atari:
             reward_clipping=False,  # clipped after the statistics took the score
             use_fire_reset=True,
         )
+        self.threads = threads
         self.life_loss = train and atari.terminal_on_life_loss
         self.clip = train and atari.clip_reward
         self.k = atari.frame_stack
@@ -189,7 +191,9 @@ class NativeEnvs:
         sizes = np.cumsum([0] + [p.env.num_envs for p in parts])
         self.groups = [slice(int(a), int(b)) for a, b in zip(sizes[:-1], sizes[1:])]
         self.num_envs = int(sizes[-1])
-        self.num_workers = 0  # its threads, if any, step while the rank waits or acts for the other group
+        # Its threads (ALE games'), which step while the rank acts for the other group or waits: acting takes the
+        # other cores, or OpenMP threads spinning after each forward would slow the envs' threads down.
+        self.num_workers = sum(p.threads for p in parts)
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -295,7 +299,7 @@ def make_native(cfg: EnvConfig, atari: AtariConfig | None, num_envs: int, train:
     if kind == "ale":
         assert atari is not None
         threads = max(1, (v.num_workers or os.cpu_count() or 1) // groups)
-        return NativeEnvs([Atari(cfg, atari, n, train, threads) for n in sizes], cfg.check_finite)
+        return NativeEnvs([Atari(cfg, atari, n, train, min(n, threads)) for n in sizes], cfg.check_finite)
     return NativeEnvs([CartPole(cfg, n) for n in sizes], cfg.check_finite)
 
 
