@@ -51,12 +51,13 @@ def unsupported_kwargs(kind: str, cfg: EnvConfig) -> list[str]:
     return sorted(k for k in cfg.kwargs if kind == "ale" and k not in ALE_KWARGS)
 
 
-# env.vector.backend=auto: per family of envs, the backend measured fastest on it (bench/env_throughput.py; README,
-# "Env throughput"), and why. The first family an env belongs to decides.
+# env.vector.backend=auto: per family of envs, from how many envs per rank, the backend measured fastest there (README,
+# "Vector env backends", has the figures; bench/env_throughput.py measures them), and why. The first row that
+# matches decides.
 AUTO_BACKENDS = (
-    ("cartpole", "native", "gymnasium's numpy CartPoleVectorEnv steps all envs in one array"),
-    ("ale", "native", "ale-py's AtariVectorEnv preprocesses in C++ threads, without Python wrappers or processes"),
-    ("other", "sync", "in the rank's process"),
+    ("cartpole", 8, "native", "numpy steps all envs in one array; below 8 envs a Python step per env costs less"),
+    ("ale", 1, "native", "C++ threads step and preprocess without Python wrappers or a round trip to processes"),
+    ("any", 1, "sync", "in the rank's process, the default"),
 )
 
 
@@ -69,8 +70,8 @@ def choose_backend(cfg: EnvConfig, atari: AtariConfig | None) -> tuple[str, str]
     if backend != "auto":
         return backend, "env.vector.backend"
     family = native_kind(cfg, atari)
-    family = family if family is not None and not unsupported_kwargs(family, cfg) else None
-    for name, chosen, why in AUTO_BACKENDS:
-        if name in (family, "other"):
+    family = family if family is not None and not unsupported_kwargs(family, cfg) else "any"
+    for name, envs, chosen, why in AUTO_BACKENDS:
+        if name in (family, "any") and cfg.num_envs >= envs:
             return chosen, why
-    raise AssertionError("AUTO_BACKENDS ends with the family every env belongs to")
+    raise AssertionError("AUTO_BACKENDS ends with a row every env matches")
