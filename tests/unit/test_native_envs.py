@@ -126,13 +126,13 @@ def test_native_is_refused_for_envs_without_a_vectorized_implementation():
         vector_backend(EnvConfig(id="ALE/Breakout-v5", kwargs={"mode": 1}, vector=NATIVE))
 
 
-def test_auto_picks_native_for_cartpole_from_8_envs_and_ale_games_and_sync_otherwise():
+def test_auto_picks_native_for_cartpole_from_8_envs_subproc_for_ale_games_and_sync_otherwise():
     auto = VectorConfig(backend="auto")
     assert vector_backend(EnvConfig(id="CartPole-v1", num_envs=8, vector=auto))[0] == "native"
     assert vector_backend(EnvConfig(id="CartPole-v1", num_envs=4, vector=auto))[0] == "sync"
-    assert vector_backend(EnvConfig(id="ALE/Pong-v5", vector=auto))[0] == "native"
+    assert vector_backend(EnvConfig(id="ALE/Pong-v5", vector=auto))[0] == "subproc"
     assert vector_backend(EnvConfig(id="Acrobot-v1", vector=auto))[0] == "sync"
-    assert vector_backend(EnvConfig(id="ALE/Pong-v5", kwargs={"mode": 1}, vector=auto))[0] == "sync"
+    assert vector_backend(EnvConfig(id="ALE/Pong-v5", kwargs={"mode": 1}, vector=auto))[0] == "subproc"
 
 
 def frames(steps: list[np.ndarray]) -> np.ndarray:
