@@ -2,12 +2,19 @@
 fresh episodes with the replay's seam closed (its emulators' state stays in C++), and auto says what it chose."""
 
 import json
-import shutil
 
 import pytest
 import torch
 
-from tests.conftest import assert_same_tensors, final_state, read_jsonl, resumed_copy, rlrun, train
+from tests.conftest import (
+    assert_replay_seam_closed,
+    assert_same_tensors,
+    final_state,
+    read_jsonl,
+    resumed_copy,
+    rlrun,
+    train,
+)
 
 SMALL = ["total_steps=2048", "eval.episodes=2", "eval.num_envs=2", "logging.every_steps=512", "logging.progress=plain"]
 
@@ -42,21 +49,5 @@ def test_a_native_breakout_dqn_run_resumes_on_fresh_episodes_and_no_replay_item_
     assert out.returncode == 0, out.stderr[-3000:]
     assert torch.load(run / "checkpoints" / "ckpt_000000000200.pt", weights_only=True)["ranks"][0]["envs"] is None
 
-    part = tmp_path / "part"  # as if the job had died after its checkpoint at 200 steps
-    shutil.copytree(run, part)
-    for file in (part / "checkpoints").iterdir():
-        if int(file.stem.split("_")[1]) > 200:
-            file.unlink()
-    out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=200)
-    assert out.returncode == 0, out.stderr[-3000:]
-    cursor = torch.load(part / "checkpoints" / "ckpt_000000000200.pt", weights_only=True)["ranks"][0]["cursor"]
-    replay = torch.load(part / "checkpoints" / "shard_000000000400_rank0.pt", weights_only=True)
-    # The newest row before the resume (2 envs: a row per vector step, after the first stacks' 3 older frames), whose
-    # envs were reset after it.
-    seam = 3 + 200 // 2 - 1
-    assert (replay["terminated"][seam] | replay["truncated"][seam]).all()  # every open episode ended there...
-    assert replay["first"][seam + 1].all()  # ...and the next row starts new ones
-    finals = dict(zip(replay["final_items"].tolist(), replay["final_frames"]))
-    for env in range(2):
-        if not replay["terminated"][seam, env]:  # bootstrapped from the frame that would have come next
-            assert torch.equal(finals[seam * 2 + env], cursor["next_obs"][env][-1])
+    part = resumed_copy(tmp_path, run, 200)  # as if the job had died after its checkpoint at 200 steps
+    assert_replay_seam_closed(part, 200, 400, num_envs=2, frame_stack=4)
