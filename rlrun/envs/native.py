@@ -201,6 +201,12 @@ class NativeEnvs:
         self.metadata = env.metadata
         self.returns = np.zeros(self.num_envs)  # of the episodes under way
         self.lengths = np.zeros(self.num_envs, np.int64)
+        # Per group: views of those, and what a step in which no episode ended returns (read-only, so shared).
+        self._episodes = [(self.returns[g], self.lengths[g]) for g in self.groups]
+        self._none = [EndedEpisodes.none(len(range(self.num_envs)[g])) for g in self.groups]
+        for none in self._none:
+            for array in none:
+                array.flags.writeable = False
 
     def reset(
         self, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None
@@ -223,10 +229,10 @@ class NativeEnvs:
         if self.check_finite:
             require_finite_rows(obs, g.start, "observation")
             require_finite_rows(rewards, g.start, "reward")
-        returns, lengths = self.returns[g], self.lengths[g]  # views
+        returns, lengths = self._episodes[group]
         returns += rewards
         lengths += 1
-        episodes = EndedEpisodes.none(len(obs))
+        episodes = self._none[group]
         info: dict[str, Any] = {}
         if final is not None:
             ended = terminated | truncated
@@ -241,11 +247,12 @@ class NativeEnvs:
         return StepResult(obs, rewards, terminated, truncated, info, episodes)
 
     def step(self, actions: np.ndarray) -> StepResult:
+        if len(self.groups) == 1:
+            self.send(0, actions)
+            return self.recv(0)
         for i, g in enumerate(self.groups):
             self.send(i, actions[g])
         results = [self.recv(i) for i in range(len(self.groups))]
-        if len(results) == 1:
-            return results[0]
         infos = [r.info for r in results]
         info = {}
         if any(infos):
