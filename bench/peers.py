@@ -182,9 +182,6 @@ def _sb3(run: Callable[[TrainConfig], tuple[float, float]]) -> Run:
     return lambda cfg, overrides: run(cfg)
 
 
-SAC = {"cleanrl": _cleanrl("sac_continuous_action", sac_flags), "sb3": _sb3(sb3_sac_td3)}
-TD3 = {"cleanrl": _cleanrl("td3_continuous_action", td3_flags), "sb3": _sb3(sb3_sac_td3)}
-# SAC's and TD3's presets (conf/tuned/), 20k steps; TD3 on HalfCheetah with 256x256 networks (CleanRL's fixed size).
 # CleanRL ppo.py's defaults (CartPole; rlrun's env.vector.backend=auto: sync at 4 envs) for 100k steps, and
 # ppo_atari.py's (Breakout: rlrun's env=breakout and its preset are CleanRL's) for 20k steps, on 2 threads.
 PPO_CLEANRL = [
@@ -193,6 +190,9 @@ PPO_CLEANRL = [
     "total_steps=100000",
 ]  # fmt: skip
 PPO_ATARI_CLEANRL = ["env=breakout", "env.num_envs=8", "total_steps=20480", "eval.episodes=4", "eval.num_envs=4"]
+SAC = {"cleanrl": _cleanrl("sac_continuous_action", sac_flags), "sb3": _sb3(sb3_sac_td3)}
+TD3 = {"cleanrl": _cleanrl("td3_continuous_action", td3_flags), "sb3": _sb3(sb3_sac_td3)}
+# SAC's and TD3's presets (conf/tuned/), 20k steps; TD3 on HalfCheetah with 256x256 networks (CleanRL's fixed size).
 CASES: dict[str, Case] = {
     "ppo-cartpole": Case(PPO_CLEANRL, {"cleanrl": _cleanrl("ppo", ppo_flags)}),
     "ppo-breakout": Case(PPO_ATARI_CLEANRL, {"cleanrl": _cleanrl("ppo_atari", ppo_flags)}, threads=2),
