@@ -30,6 +30,17 @@ def test_a_native_cartpole_run_resumes_exactly(tmp_path):
     assert json.loads((full / "summary.json").read_text())["episodes"] > 10
 
 
+@pytest.mark.timeout(240)
+def test_a_resume_onto_another_kind_of_env_state_starts_fresh_episodes(tmp_path):
+    """A sync run's checkpoint holds its Python envs' state, which CartPoleVectorEnv cannot take (nor the reverse): a
+    resume that switches to native (or back) starts fresh episodes, as for envs without plain-data state."""
+    run = train(tmp_path, "run", *SMALL, "checkpoint.every_steps=1024")
+    for backend, to in (("native", 3072), ("sync", 4096)):
+        out = rlrun("train", f"resume={run}", f"env.vector.backend={backend}", f"total_steps={to}", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert final_state(run)["env_steps"] == to
+
+
 @pytest.mark.timeout(120)
 def test_auto_says_which_backend_it_chose_and_why(tmp_path):
     out = rlrun("train", f"hydra.run.dir={tmp_path / 'run'}", "env.vector.backend=auto", *SMALL, cwd=tmp_path)
