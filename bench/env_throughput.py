@@ -1,8 +1,10 @@
-"""Env steps/s with random actions, no learning: rlrun's worker pool (with and without double buffering)
-against gymnasium's AsyncVectorEnv (shared memory) and SyncVectorEnv, all in this invocation, plus the limit:
-one env's raw steps/s times the number of cores. Ratios against AsyncVectorEnv and fractions of the limit.
+"""Raw env steps/s with random actions, no learning, of each rlrun backend (sync: in-process; subproc: forked
+workers; native: the env's own vectorized implementation; ray with --ray) on Breakout and CartPole, pinned to 1 core
+and to 2 (os.sched_setaffinity: the backend gets that many workers or threads), beside gymnasium's SyncVectorEnv and
+AsyncVectorEnv (the peers, in this invocation). Ratios are against gymnasium's SyncVectorEnv on the same cores.
+Then PPO end to end on Breakout (collect and update per iteration) on subproc (acting in the workers) and native.
 
-    .venv/bin/python bench/env_throughput.py [--envs 16] [--seconds 5] [--only breakout|cartpole]
+    .venv/bin/python bench/env_throughput.py [--seconds 3] [--only breakout|cartpole] [--ppo-iterations 3] [--ray]
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -18,10 +23,14 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from rlrun.config import AtariConfig, EnvConfig, VectorConfig
 from rlrun.envs import make_env, make_vector_env
 
-CASES = {"breakout": EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig()), "cartpole": EnvConfig(id="CartPole-v1")}
+BREAKOUT = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig())
+CARTPOLE = EnvConfig(id="CartPole-v1")
+# (name, env, number of envs): Breakout as PPO trains it (8 envs), CartPole at CleanRL's 4 and at 16.
+CASES = [("breakout", BREAKOUT, 8), ("cartpole", CARTPOLE, 4), ("cartpole", CARTPOLE, 16)]
+PEER = "gymnasium SyncVectorEnv"
 
 
-def rate(step, num_envs: int, actions: list[np.ndarray], seconds: float) -> float:
+def rate(step: Callable[[np.ndarray], Any], num_envs: int, actions: list[np.ndarray], seconds: float) -> float:
     """Env steps/s over at least `seconds` (after a short warm-up)."""
     for a in actions[:20]:
         step(a)
@@ -32,68 +41,54 @@ def rate(step, num_envs: int, actions: list[np.ndarray], seconds: float) -> floa
     return n * num_envs / (time.perf_counter() - start)
 
 
-def raw_rate(cfg: EnvConfig, seconds: float) -> float:
-    env = make_env(cfg, train=True)()
-    env.reset(seed=0)
-    rng = np.random.default_rng(0)
-    actions = rng.integers(0, env.action_space.n, 1000)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        _, _, te, tr, _ = env.step(actions[n % 1000])
-        if te or tr:
-            env.reset()
-        n += 1
-    env.close()
-    return n / (time.perf_counter() - start)
-
-
-def build(label: str, cfg: EnvConfig, fns: list):
-    if label == "SyncVectorEnv":
-        return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
-    if label == "AsyncVectorEnv":
+def build(label: str, cfg: EnvConfig, n: int, cores: int) -> Any:
+    """The vector env `label` of n envs of `cfg`, with as many workers or threads as `cores`."""
+    if label == PEER:
+        return SyncVectorEnv([make_env(cfg, train=True) for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP)
+    if label == "gymnasium AsyncVectorEnv":
+        fns = [make_env(cfg, train=True) for _ in range(n)]
         return AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=AutoresetMode.SAME_STEP)
-    vector = VectorConfig(backend="subproc", double_buffer="double" in label)
-    return make_vector_env(EnvConfig(id=cfg.id, atari=cfg.atari, vector=vector), len(fns))
+    backend = label.removeprefix("rlrun ")
+    return make_vector_env(replace(cfg, vector=VectorConfig(backend=backend, num_workers=cores)), n)
 
 
-def pool_double_buffered(envs):
-    """Steps both halves as the PPO collect loop does: one half steps while the other is handed actions."""
-    half = envs.num_envs // 2
+def measure(labels: list[str], seconds: float) -> dict[tuple[str, int, str, int], float]:
+    """Steps/s of each case and label, pinned to 1 core, then to 2."""
+    results = {}
+    for cores in (1, 2):
+        os.sched_setaffinity(0, range(cores))
+        for name, cfg, n in CASES:
+            rng = np.random.default_rng(0)
+            space = make_env(cfg, train=True)().action_space
+            actions = [rng.integers(0, space.n, n) for _ in range(1000)]
+            for label in labels:
+                if label == "rlrun subproc" and cores == 1 and name == "cartpole":
+                    continue  # one worker process for cheap envs: the round trip alone, shown for Breakout
+                envs = build(label, cfg, n, cores)
+                envs.reset(seed=list(range(n)))
+                results[(name, n, label, cores)] = rate(envs.step, n, actions, seconds)
+                envs.close()
+                print(f"{name} x{n}, {cores} core(s), {label}: {results[(name, n, label, cores)]:.0f} steps/s")
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    return results
 
-    def step(a):
-        envs.send(0, a[:half])
-        envs.recv(1) if step.started else None
-        envs.send(1, a[half:])
-        envs.recv(0)
-        step.started = True
 
-    step.started = False
-    return step
-
-
-class AsyncGroups(AsyncVectorEnv):
-    """gymnasium's AsyncVectorEnv behind the send/recv interface PPO's collect loop uses (one group)."""
-
-    def __init__(self, fns):
-        super().__init__(fns, shared_memory=True, autoreset_mode=AutoresetMode.SAME_STEP)
-        self.groups = [slice(0, self.num_envs)]
-
-    def send(self, group, actions):
-        self.step_async(actions)
-
-    def recv(self, group):
-        from rlrun.envs.protocol import EndedEpisodes, StepResult
-
-        obs, rewards, terminated, truncated, info = self.step_wait()
-        final, episodes = info.get("final_info", {}), EndedEpisodes.none(self.num_envs)
-        if "episode" in final:  # gymnasium batches RecordEpisodeStatistics' infos under final_info
-            episodes = EndedEpisodes(final["_episode"], final["episode"]["r"], final["episode"]["l"])
-        return StepResult(obs, rewards, terminated, truncated, info, episodes)
+def print_table(results: dict[tuple[str, int, str, int], float], labels: list[str]) -> None:
+    print("\n| env (envs) | vector env | 1 core steps/s | vs peer | 2 cores steps/s | vs peer |")
+    print("|---|---|---|---|---|---|")
+    for name, _, n in CASES:
+        for label in labels:
+            cells = []
+            for cores in (1, 2):
+                sps, peer = results.get((name, n, label, cores)), results[(name, n, PEER, cores)]
+                cells += ["-", "-"] if sps is None else [f"{sps:,.0f}", f"{sps / peer:.2f}x"]
+            print(f"| {name} ({n}) | {label} | {' | '.join(cells)} |")
 
 
 def ppo_end_to_end(iterations: int) -> None:
-    """PPO on Breakout (8 envs, Nature CNN, CleanRL's Atari settings): collect and update time per
-    iteration with the worker pool vs AsyncVectorEnv, same seeds, same process."""
+    """PPO on Breakout (8 envs, Nature CNN, CleanRL's Atari settings, 2 torch threads): collect and update time per
+    iteration on each backend as a run picks its parts (accelerate: acting in the workers on subproc), same seeds,
+    same process."""
     import torch
 
     from rlrun.algos.ppo import PPO, PPOConfig
@@ -102,20 +97,15 @@ def ppo_end_to_end(iterations: int) -> None:
     from rlrun.fast import accelerate
 
     torch.set_num_threads(os.cpu_count() or 1)
-    cfg = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig(), vector=VectorConfig(backend="subproc"))
     model = ModelConfig(name="nature_cnn", hidden_sizes=[512], activation="relu", shared=True)
     rows = {}
-    for label in ("AsyncVectorEnv", "rlrun pool", "rlrun pool, double buffer"):
-        if label == "AsyncVectorEnv":
-            envs = AsyncGroups([make_env(cfg, True) for _ in range(8)])
-        else:
-            vector = VectorConfig(backend="subproc", double_buffer="double" in label)
-            envs = make_vector_env(EnvConfig(id=cfg.id, atari=cfg.atari, vector=vector), 8)
+    for backend in ("subproc", "native"):
+        envs = make_vector_env(replace(BREAKOUT, vector=VectorConfig(backend=backend)), 8, seeds=list(range(8)))
         torch.manual_seed(0)
         spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 8)
         algo = PPO(PPOConfig(clip_coef=0.1), model, spec, torch.device("cpu"))
-        accelerate(algo, envs)  # as training does
-        algo.start(np.array(envs.reset(seed=0)[0]))
+        applied = accelerate(algo, envs)  # as training does
+        algo.start(np.array(envs.reset(seed=list(range(8)))[0]))
         collect = update = 0.0
         for _ in range(iterations):
             t = time.perf_counter()
@@ -125,53 +115,32 @@ def ppo_end_to_end(iterations: int) -> None:
             algo.update(0.0)
             update += time.perf_counter() - t
         envs.close()
-        rows[label] = (collect, update)
-    base = sum(rows["AsyncVectorEnv"])
-    print(f"\nPPO on Breakout, 8 envs, {iterations} iterations of 1024 steps")
-    print("| vector env | collect s/iter | update s/iter | SPS | vs AsyncVectorEnv |")
+        rows[f"rlrun {backend} ({', '.join(applied)})"] = (collect, update)
+    base = sum(next(iter(rows.values())))
+    print(f"\nPPO on Breakout, 8 envs, {iterations} iterations of 1024 steps, {os.cpu_count()} cores")
+    print("| vector env | collect s/iter | update s/iter | SPS | vs subproc |")
     print("|---|---|---|---|---|")
     for label, (c, u) in rows.items():
-        print(
-            f"| {label} | {c / iterations:.2f} | {u / iterations:.2f} | {1024 * iterations / (c + u):.0f} | "
-            f"{base / (c + u):.2f}x |"
-        )
+        sps = 1024 * iterations / (c + u)
+        print(f"| {label} | {c / iterations:.2f} | {u / iterations:.2f} | {sps:.0f} | {base / (c + u):.2f}x |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--envs", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--only", choices=list(CASES))
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--only", choices=["breakout", "cartpole"])
     parser.add_argument("--ppo-iterations", type=int, default=3, help="PPO end to end on Breakout (0: skip)")
+    parser.add_argument("--ray", action="store_true", help="also the ray backend (its workers: Ray actors)")
     args = parser.parse_args()
-    cores = os.cpu_count() or 1
-    for name, cfg in CASES.items():
-        if args.only and name != args.only:
-            continue
-        n = args.envs
-        fns = [make_env(cfg, train=True) for _ in range(n)]
-        space = fns[0]().action_space
-        rng = np.random.default_rng(0)
-        actions = [rng.integers(0, space.n, n) for _ in range(1000)]
-        results = {}
-        limit = raw_rate(cfg, args.seconds) * cores
-        for label in ("SyncVectorEnv", "AsyncVectorEnv", "rlrun pool", "rlrun pool, double buffer"):
-            envs = build(label, cfg, fns)
-            envs.reset(seed=0)
-            step = pool_double_buffered(envs) if "double" in label else envs.step
-            results[label] = rate(step, n, actions, args.seconds)
-            envs.close()
-        base = results["AsyncVectorEnv"]
-        print(
-            f"\n{name}, {n} envs, {cores} cores; limit = one env's raw {limit / cores:.0f} steps/s x {cores} "
-            f"= {limit:.0f} steps/s"
-        )
-        print("| vector env | steps/s | vs AsyncVectorEnv | of the limit |")
-        print("|---|---|---|---|")
-        for label, sps in results.items():
-            print(f"| {label} | {sps:.0f} | {sps / base:.2f}x | {sps / limit:.0%} |")
-    if args.ppo_iterations:
+    if args.only:
+        CASES[:] = [c for c in CASES if c[0] == args.only]
+    labels = [PEER, "gymnasium AsyncVectorEnv", "rlrun sync", "rlrun subproc", "rlrun native"]
+    labels += ["rlrun ray"] if args.ray else []
+    print(f"load average before: {os.getloadavg()}")
+    print_table(measure(labels, args.seconds), labels)
+    if args.ppo_iterations and args.only != "cartpole":
         ppo_end_to_end(args.ppo_iterations)
+    print(f"load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ seeds), rlrun's ratio to each peer, and the final evals (rlrun's evaluation for 
         [--peers cleanrl sb3]
 
 A case is a row of CASES: rlrun's overrides, and for each peer a function from the composed config to its run.
-SB3's DQN has no MSE loss (its Huber runs away on CartPole's rewards): DQN's row has CleanRL alone.
+SB3's DQN has no MSE loss (its Huber runs away on CartPole's rewards): DQN's row has CleanRL alone; PPO's rows too
+(bench/ppo_throughput.py has rlrun's PPO against SB3's).
 """
 
 from __future__ import annotations
@@ -127,6 +128,39 @@ def td3_flags(cfg: TrainConfig) -> dict[str, object]:
     }
 
 
+def ppo_flags(cfg: TrainConfig) -> dict[str, object]:
+    """ppo.py (separate 64x64 tanh actor and critic) and ppo_atari.py (the Nature CNN, one trunk): CleanRL's PPO, whose
+    Adam epsilon is 1e-5, with GAE and without observation or reward normalization. ppo_atari.py does its own
+    preprocessing (SB3's Atari wrappers) on a frameskip-1 game: the v4 NoFrameskip id of the case's ALE game."""
+    a, atari = cfg.algo, cfg.env.atari is not None
+    cnn = {"model__name": "nature_cnn", "model__hidden_sizes": [512], "model__shared": True}
+    mlp = {"model__name": "mlp", "model__hidden_sizes": [64, 64], "model__activation": "tanh", "model__shared": False}
+    plain = {"algo__adam_eps": 1e-5, "algo__normalize_obs": False, "algo__normalize_reward": False}
+    _require(cfg, "CleanRL's PPO", **plain, **(cnn if atari else mlp))
+    flags: dict[str, object] = {
+        "learning-rate": a.lr,
+        "num-envs": cfg.env.num_envs,
+        "num-steps": a.num_steps,
+        "anneal-lr": a.anneal_lr,
+        "gamma": a.gamma,
+        "gae-lambda": a.gae_lambda,
+        "num-minibatches": a.num_minibatches,
+        "update-epochs": a.update_epochs,
+        "norm-adv": a.norm_adv,
+        "clip-coef": a.clip_coef,
+        "clip-vloss": a.clip_vloss,
+        "ent-coef": a.ent_coef,
+        "vf-coef": a.vf_coef,
+        "max-grad-norm": a.max_grad_norm,
+    }
+    if a.target_kl is not None:
+        flags["target-kl"] = a.target_kl
+    if atari:
+        game = cfg.env.id.removeprefix("ALE/").removesuffix("-v5")
+        flags["env-id"] = f"{game}NoFrameskip-v4"
+    return flags
+
+
 @dataclass(frozen=True)
 class Case:
     overrides: list[str]  # rlrun's; the peers' final models are evaluated under the same config
@@ -148,10 +182,20 @@ def _sb3(run: Callable[[TrainConfig], tuple[float, float]]) -> Run:
     return lambda cfg, overrides: run(cfg)
 
 
+# CleanRL ppo.py's defaults (CartPole; rlrun's env.vector.backend=auto: sync at 4 envs) for 100k steps, and
+# ppo_atari.py's (Breakout: rlrun's env=breakout and its preset are CleanRL's) for 20k steps, on 2 threads.
+PPO_CLEANRL = [
+    "env=cartpole", "env.num_envs=4", "env.vector.backend=auto", "algo.num_steps=128", "algo.num_minibatches=4",
+    "algo.update_epochs=4", "algo.lr=2.5e-4", "algo.gamma=0.99", "algo.gae_lambda=0.95", "algo.ent_coef=0.01",
+    "total_steps=100000",
+]  # fmt: skip
+PPO_ATARI_CLEANRL = ["env=breakout", "env.num_envs=8", "total_steps=20480", "eval.episodes=4", "eval.num_envs=4"]
 SAC = {"cleanrl": _cleanrl("sac_continuous_action", sac_flags), "sb3": _sb3(sb3_sac_td3)}
 TD3 = {"cleanrl": _cleanrl("td3_continuous_action", td3_flags), "sb3": _sb3(sb3_sac_td3)}
 # SAC's and TD3's presets (conf/tuned/), 20k steps; TD3 on HalfCheetah with 256x256 networks (CleanRL's fixed size).
 CASES: dict[str, Case] = {
+    "ppo-cartpole": Case(PPO_CLEANRL, {"cleanrl": _cleanrl("ppo", ppo_flags)}),
+    "ppo-breakout": Case(PPO_ATARI_CLEANRL, {"cleanrl": _cleanrl("ppo_atari", ppo_flags)}, threads=2),
     "dqn-cartpole": Case(DQN_CLEANRL, {"cleanrl": _cleanrl("dqn", dqn_flags)}),
     "sac-pendulum": Case(["algo=sac", "env=pendulum", "total_steps=20000"], SAC),
     "td3-pendulum": Case(["algo=td3", "env=pendulum", "total_steps=20000"], TD3),

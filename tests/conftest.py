@@ -157,6 +157,25 @@ def resumed_copy(tmp_path: Path, full: Path, steps: int, timeout: float = 180) -
     return part
 
 
+def assert_replay_seam_closed(part: Path, resumed_at: int, end: int, num_envs: int, frame_stack: int = 1) -> None:
+    """In run folder `part`, resumed on fresh episodes from its checkpoint at `resumed_at` env steps and checkpointed
+    at `end` with its replay (rank 0's shard): every episode open at the newest row before the resume ended there, a
+    truncation bootstrapping from the observation that would have come next (the checkpoint's cursor; its newest
+    frame, for frame stacks, whose older frames take rows of their own before the first), and the next row starts
+    new ones."""
+    checkpoints = part / "checkpoints"
+    cursor = torch.load(checkpoints / f"ckpt_{resumed_at:012d}.pt", weights_only=True)["ranks"][0]["cursor"]
+    replay = torch.load(checkpoints / f"shard_{end:012d}_rank0.pt", weights_only=True)
+    seam = frame_stack - 1 + resumed_at // num_envs - 1  # a row per vector step
+    assert (replay["terminated"][seam] | replay["truncated"][seam]).all()
+    assert replay["first"][seam + 1].all()
+    finals = dict(zip(replay["final_items"].tolist(), replay["final_frames"]))
+    for env in range(num_envs):
+        if not replay["terminated"][seam, env]:
+            expected = cursor["next_obs"][env] if frame_stack == 1 else cursor["next_obs"][env][-1]
+            assert torch.equal(finals[seam * num_envs + env].double(), expected.double())
+
+
 def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:

@@ -378,7 +378,7 @@ def _no_training_choices(overrides: list[str]) -> None:
 
 
 def _preflight_train(typed: TrainConfig, runs: bool) -> None:
-    from rlrun.envs import check_action_space, check_env_id, env_spaces, import_env_modules, third_party
+    from rlrun.envs import check_action_space, check_env_id, env_spaces, import_env_modules, third_party, vector_backend
 
     if typed.resume in (None, "auto"):  # auto: the command line's config is checked (its checkpoint's, when found)
         validate_train(typed)
@@ -386,6 +386,7 @@ def _preflight_train(typed: TrainConfig, runs: bool) -> None:
             check_device_present(typed.device, typed.distributed.nproc_per_node)
         import_env_modules(typed.env.imports)
         check_env_id(typed.env.id)
+        vector_backend(typed.env)  # native: the env has a vectorized implementation
         entry, user_network = ALGORITHMS[typed.algo.name], typed.model._target_ is not None
         if typed.env.id.startswith("ALE/") and not user_network:
             return  # frames and discrete actions, which every algorithm that takes them takes; a game loads slowly

@@ -18,10 +18,14 @@ CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")  # the yaml of the 
 
 @dataclass
 class VectorConfig:
-    backend: str = "sync"  # sync: in the rank's process | subproc: forked worker processes | ray: Ray actors
-    # subproc: worker processes (0: one per core); ray: actors (0: one per CPU of the cluster); at most num_envs
+    # sync: in the rank's process | subproc: forked worker processes | ray: Ray actors | native: the env's own
+    # vectorized implementation (CartPole, ALE games) | auto: the one measured fastest for the env (rlrun/envs)
+    backend: str = "sync"
+    # subproc: worker processes (0: one per core); ray: actors (0: one per CPU of the cluster); at most num_envs;
+    # native ALE games: C++ threads (0: one per core)
     num_workers: int = 0
-    # subproc, ray: half the envs step while the rank acts for the other half (for PPO, instead of act_in_workers)
+    # subproc, ray, native: half the envs step (in workers, actors or an ALE game's threads) while the rank acts for
+    # the other half (for PPO on subproc, instead of act_in_workers)
     double_buffer: bool = False
     step_timeout_s: float = 60.0  # subproc, ray: a worker slower than this is reported, not waited on
     # ray: the cluster to use (auto, or host:port); unset: each rank starts a local Ray for its run and stops it
@@ -257,7 +261,7 @@ TRAIN_RULES: dict[str, Rule] = {
     "env.atari.screen_size": AT_LEAST_1,
     "env.atari.frame_stack": AT_LEAST_1,
     "env.atari.repeat_action_probability": PROBABILITY,
-    "env.vector.backend": OneOf(("sync", "subproc", "ray")),
+    "env.vector.backend": OneOf(("auto", "sync", "subproc", "ray", "native")),
     "env.vector.num_workers": NON_NEGATIVE,
     "env.vector.step_timeout_s": POSITIVE,
     "env.vector.ray_cpus_per_worker": NON_NEGATIVE,
@@ -318,7 +322,10 @@ def validate_train(cfg: TrainConfig) -> list[str]:
     if v.backend == "ray":
         check(importlib.util.find_spec("ray") is not None, "env.vector.backend=ray needs Ray: pip install 'rlrun[ray]'")
     if v.double_buffer:
-        check(v.backend != "sync", "env.vector.double_buffer=true needs env.vector.backend=subproc or ray")
+        check(
+            v.backend in ("subproc", "ray", "native"),
+            "env.vector.double_buffer=true needs env.vector.backend=subproc, ray or native",
+        )
         check(
             v.num_workers != 1 and cfg.env.num_envs >= 2,
             "env.vector.double_buffer=true needs at least 2 workers and 2 envs",

@@ -19,6 +19,7 @@ import numpy as np
 
 from rlrun.config import AtariConfig, EnvConfig
 from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
+from rlrun.envs.backends import choose_backend
 from rlrun.envs.masked import register_envs
 from rlrun.envs.spaces import encode_observations
 from rlrun.errors import UserError
@@ -26,6 +27,7 @@ from rlrun.errors import UserError
 log = logging.getLogger("rlrun")
 
 if TYPE_CHECKING:
+    from rlrun.envs.native import NativeEnvs
     from rlrun.envs.pool import WorkerPool
     from rlrun.envs.ray_envs import RayEnvs
     from rlrun.envs.sync import SyncEnvs
@@ -298,9 +300,10 @@ def make_env(
 
 def make_vector_env(
     cfg: EnvConfig, num_envs: int, train: bool = True, seeds: list[int] | None = None
-) -> SyncEnvs | WorkerPool | RayEnvs:
-    """`num_envs` copies of the configured env, in-process (backend sync), in forked workers (subproc) or in Ray
-    actors (ray). `seeds`: those of the first reset, when known (make_env says why).
+) -> SyncEnvs | WorkerPool | RayEnvs | NativeEnvs:
+    """`num_envs` copies of the configured env, in-process (backend sync), in forked workers (subproc), in Ray
+    actors (ray), or in the env's own vectorized implementation (native); auto picks one (vector_backend).
+    `seeds`: those of the first reset, when known (make_env says why).
     Autoreset happens in the same step (the final observation of a finished episode is in
     info["final_obs"]), so every transition in a rollout is a real one."""
     from rlrun.envs.pool import WorkerPool
@@ -308,18 +311,31 @@ def make_vector_env(
 
     import_env_modules(cfg.imports)
     check_env_id(cfg.id)
+    backend, _ = vector_backend(cfg)
+    if backend == "native":
+        from rlrun.envs.native import make_native
+
+        return make_native(cfg, atari_config(cfg), num_envs, train)
     fns = [make_env(cfg, train, seed=s) for s in seeds or [None] * num_envs]
     v = cfg.vector
     groups = 2 if v.double_buffer and train else 1
     role = "env worker" if train else "eval env worker"
-    if v.backend == "ray":
+    if backend == "ray":
         from rlrun.envs.ray_envs import RayEnvs
 
         return RayEnvs(cfg, num_envs, train, groups, role, lazy=not train, seeds=seeds)
-    if v.backend == "subproc":
+    if backend == "subproc":
         workers = max(v.num_workers or min(num_envs, os.cpu_count() or 1), groups)
         return WorkerPool(fns, workers, v.step_timeout_s, groups, role, lazy=not train, check_finite=cfg.check_finite)
     return SyncEnvs(fns, cfg.check_finite)
+
+
+def vector_backend(cfg: EnvConfig) -> tuple[str, str]:
+    """The backend that steps `cfg`'s envs, and why (rlrun/envs/backends.py: auto's table, native's envs)."""
+    atari = atari_config(cfg)
+    if atari is not None:
+        _register_ale()
+    return choose_backend(cfg, atari)
 
 
 def env_seeds(seed: int, rank: int, num_envs: int, stream: int = 0) -> list[int]:

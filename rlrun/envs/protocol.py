@@ -84,7 +84,7 @@ class VectorEnv(Protocol):
     buffering): SyncEnvs (rlrun/envs/sync.py), WorkerPool (pool.py), RayEnvs (ray_envs.py)."""
 
     num_envs: int
-    num_workers: int  # processes of its own stepping the envs (0: in this process)
+    num_workers: int  # processes (or native threads) of its own stepping the envs (0: in this process)
     single_observation_space: gym.Space[Any]
     single_action_space: gym.Space[Any]
     groups: list[slice]  # env ranges that step independently: send(g, ...) then recv(g)

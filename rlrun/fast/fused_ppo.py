@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import PPOConfig
+from rlrun.fast.numpy_ppo import NumpyPPOLoss
 from rlrun.models.actor_critic import ActorCritic
 from rlrun.models.distributions import LOG_2PI
 from rlrun.models.encoders import TwinMLP
@@ -50,9 +51,13 @@ class FusedPPOLearner(nn.Module):
         """(loss, stats) of a minibatch passed as PPOLearner.forward takes it (PPO.update passes keywords)."""
         m, b = self.model, minibatch
         inputs = (b["obs"], b["actions"], b["old_log_probs"], b["advantages"], b["returns"], b["old_values"])
-        loss_stats: tuple[Tensor, Tensor] = FusedPPOLoss.apply(
-            self.cfg, m.trunk.relu, m.discrete, *inputs, *self.params
-        )
+        # On CPU the same math in numpy (numpy_ppo.py): its calls cost a fraction of a torch operator's.
+        args = (self.cfg, m.trunk.relu, m.discrete, *inputs, *self.params)
+        loss_stats: tuple[Tensor, Tensor]
+        if b["obs"].device.type == "cpu":
+            loss_stats = NumpyPPOLoss.apply(*args)
+        else:
+            loss_stats = FusedPPOLoss.apply(*args)
         return loss_stats
 
 

@@ -18,7 +18,7 @@ from rlrun.buffers.replay import Shards
 from rlrun.checkpoint import Checkpointer, NullCheckpointer
 from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext
-from rlrun.envs import env_seeds, frame_stack, make_vector_env
+from rlrun.envs import env_seeds, frame_stack, make_vector_env, vector_backend
 from rlrun.evaluation import Evaluator, NullEvaluator
 from rlrun.fast import accelerate
 from rlrun.logger import NullLogger, RunLogger
@@ -164,9 +164,11 @@ def open_logger(run: Run) -> RunLogger:
 
 
 def _announce_envs(cfg: TrainConfig, ctx: RankContext) -> None:
-    """The main rank says what it starts when starting it takes seconds (worker processes, Ray), before the
-    logger exists: its bar must not run while env workers fork."""
-    v = cfg.env.vector
-    if ctx.is_main and cfg.logging.progress != "none" and v.backend != "sync":
-        what = {"subproc": "env worker processes", "ray": "Ray and its env actors"}[v.backend]
+    """The main rank says which backend env.vector.backend=auto chose and why, and what it starts when starting it
+    takes seconds (worker processes, Ray), before the logger exists: its bar must not run while env workers fork."""
+    backend, why = vector_backend(cfg.env)
+    if ctx.is_main and cfg.env.vector.backend == "auto":
+        log.info("env.vector.backend=auto: %s for %s (%s)", backend, cfg.env.id, why)
+    if ctx.is_main and cfg.logging.progress != "none" and backend in ("subproc", "ray"):
+        what = {"subproc": "env worker processes", "ray": "Ray and its env actors"}[backend]
         log.info("starting %s for %d envs per rank", what, cfg.env.num_envs)

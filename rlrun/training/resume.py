@@ -14,6 +14,7 @@ from rlrun.algos.protocol import VectorEnv
 from rlrun.checkpoint import load_shard, rng_state, save_shard, set_rng_state
 from rlrun.distributed import is_peer_loss
 from rlrun.envs import env_seeds
+from rlrun.envs.native import NativeEnvs
 from rlrun.errors import Fault, NonFiniteError
 from rlrun.run_folder import resume_command
 from rlrun.schedule import Progress, continuation_lines, resumed_progress
@@ -47,7 +48,13 @@ class Checkpoints:
         shard = algo.shard_state()
         if shard is not None:
             save_shard(run.run_dir / "checkpoints", at.env_steps, ctx.rank, shard, run.cfg.checkpoint.keep_last)
-        own = {**rng_state(ctx.device), "envs": _env_state(self.parts.envs), "cursor": algo.rank_state()}
+        envs = self.parts.envs
+        own = {
+            **rng_state(ctx.device),
+            "envs": _env_state(envs),
+            "envs_kind": _state_kind(envs),
+            "cursor": algo.rank_state(),
+        }
         state = {"config": run.config_yaml, "iteration": at.iteration, "algo": algo.state_dict()}
         state |= {"ranks": ctx.all_gather(own), "run_log": self.run_log.state()}
         return self.parts.checkpointer.save(state | self.run_state(at.env_steps), at.env_steps)
@@ -90,7 +97,8 @@ def _restore(state: dict[str, Any], run: Run, parts: Parts, run_log: RunLog) -> 
     set_rng_state(mine, ctx.device)
     run_log.load_state(state.get("run_log"), ranks)
     shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank)
-    exact = mine["envs"] is not None
+    # Env state of the kind these envs hold (a resume may change env.vector.backend: native's is another kind).
+    exact = mine["envs"] is not None and mine.get("envs_kind", "wrappers") == _state_kind(parts.envs)
     if exact:
         parts.envs.set_env_state(mine["envs"])
     if exact or shard is not None:  # with a replay and reset envs, the cursor is where its open episodes end
@@ -106,6 +114,12 @@ def _fresh_episodes(run: Run, parts: Parts, iteration: int) -> None:
     """Reset the envs on the seed stream of a resume at `iteration` and start collecting from there."""
     seeds = env_seeds(run.cfg.seed, run.ctx.rank, run.cfg.env.num_envs, stream=2 + iteration)
     parts.algo.start(parts.envs.reset(seed=seeds)[0])
+
+
+def _state_kind(envs: VectorEnv) -> str:
+    """Whose env state `envs` save and load: the native backend's vectorized implementations', or the Python wrapper
+    stacks' that every other backend steps."""
+    return "native" if isinstance(envs, NativeEnvs) else "wrappers"
 
 
 def _env_state(envs: VectorEnv) -> list[Any] | None:

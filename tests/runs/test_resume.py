@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlrun.report import find_runs, group_runs
-from tests.conftest import read_jsonl, rlrun
+from tests.conftest import assert_replay_seam_closed, read_jsonl, rlrun
 
 SMALL = [
     "total_steps=2048",
@@ -129,8 +129,6 @@ def test_no_two_seed_rank_pairs_share_a_torch_stream():
 def test_a_restartable_sac_run_on_hopper_keeps_its_replay_and_no_item_spans_the_seam(tmp_path):
     import shutil
 
-    import torch
-
     pytest.importorskip("mujoco")
     run = tmp_path / "run"
     args = ["algo=sac", "env=hopper", "env.num_envs=2", "model.hidden_sizes=[32,32]", "algo.learning_starts=100"]
@@ -148,15 +146,7 @@ def test_a_restartable_sac_run_on_hopper_keeps_its_replay_and_no_item_spans_the_
             file.unlink()
     out = rlrun("train", f"resume={part}", cwd=tmp_path, timeout=200)
     assert out.returncode == 0, out.stderr[-3000:]
-    cursor = torch.load(part / "checkpoints" / "ckpt_000000000200.pt", weights_only=True)["ranks"][0]["cursor"]
-    replay = torch.load(part / "checkpoints" / "shard_000000000400_rank0.pt", weights_only=True)
-    seam = 200 // 2 - 1  # the newest row before the resume (2 envs: a row per vector step), its envs reset after
-    assert (replay["terminated"][seam] | replay["truncated"][seam]).all()  # every open episode ended there...
-    assert replay["first"][seam + 1].all()  # ...and the next row starts new ones
-    finals = dict(zip(replay["final_items"].tolist(), replay["final_frames"]))
-    for env in range(2):
-        if not replay["terminated"][seam, env]:  # bootstrapped from the observation that would have come next
-            assert torch.equal(finals[seam * 2 + env].double(), cursor["next_obs"][env].double())
+    assert_replay_seam_closed(part, 200, 400, num_envs=2)
 
     # Without its replay, a resume says it starts on an empty one.
     for shard in (part / "checkpoints").glob("shard_*"):

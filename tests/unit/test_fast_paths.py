@@ -19,8 +19,9 @@ from rlrun.config import AtariConfig, EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
 from rlrun.fast import accelerate
 from rlrun.fast.flat_adam import FlatAdam
-from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
+from rlrun.fast.fused_ppo import FusedPPOLearner, FusedPPOLoss, fusable, fused_params
 from rlrun.fast.numpy_policy import NumpyPolicy
+from rlrun.fast.numpy_ppo import NumpyPPOLoss
 from rlrun.models import build_actor_critic
 from rlrun.models import distributions as D
 
@@ -78,6 +79,25 @@ def test_fused_loss_and_gradients_equal_autograd(discrete, activation, hidden_si
     assert 0 < float(stats[4]) < 1  # some ratios were clipped and some were not: both branches ran
     for g, ref in zip(grads, ref_grads, strict=True):
         assert ref.abs().max() > 0
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("discrete, activation, clip_vloss", [(True, "tanh", True), (False, "relu", False)])
+def test_the_fused_loss_in_numpy_equals_it_in_torch(discrete, activation, clip_vloss):
+    """On CPU the fused loss runs in numpy (NumpyPPOLoss); elsewhere in torch (FusedPPOLoss): the same loss, stats and
+    gradients from both."""
+    model = actor_critic(discrete, activation, (32, 16))
+    cfg, batch = PPOConfig(clip_vloss=clip_vloss, ent_coef=0.05), minibatch(model)
+    inputs = [batch[k] for k in ("obs", "actions", "old_log_probs", "advantages", "returns", "old_values")]
+    params = fused_params(model)
+    results = []
+    for loss_fn in (NumpyPPOLoss, FusedPPOLoss):
+        loss, stats = loss_fn.apply(cfg, model.trunk.relu, model.discrete, *inputs, *params)
+        results.append((loss.detach(), stats, torch.autograd.grad(3.0 * loss, params)))
+    (loss, stats, grads), (ref_loss, ref_stats, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats, ref_stats, rtol=1e-5, atol=1e-6)
+    for g, ref in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-6)
 
 
