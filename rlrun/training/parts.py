@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from threadpoolctl import threadpool_limits
 
 from rlrun.algos import build_algo
 from rlrun.algos.protocol import Algorithm, EnvSpec, Reductions, VectorEnv
@@ -68,8 +69,12 @@ class Parts(LocalParts):
 
 
 def configure_torch(cfg: TrainConfig, ctx: RankContext) -> None:
-    """This rank's torch threads and numerics, before anything else runs."""
+    """This rank's torch threads and numerics, and numpy's BLAS threads, before anything else runs."""
     torch.set_num_threads(cfg.threads or auto_threads(cfg.model, ctx.local_world_size))
+    # numpy's matrix products (the CPU accelerations' acting and losses, rlrun/fast/) are small: on one BLAS thread
+    # they are fastest, where OpenBLAS's default of a thread per core spins beside torch's and the envs' threads
+    # (a default CartPole run on a busy 2-core machine ran 10x slower so).
+    threadpool_limits(1, user_api="blas")
     # Adam's second-moment estimates of rarely-moving weights decay into denormal floats, which CPUs process
     # many times slower; flushing them to zero changes no result that matters.
     torch.set_flush_denormal(True)

@@ -422,3 +422,27 @@ def test_dueling_and_masked_q_networks_keep_the_reference_update():
     assert not fusable_q(q_network(dueling=True))
     algo, applied = dqn(True, dueling=True)
     assert applied == ["flat Adam"] and type(algo.parts.learner).__name__ == "DQNLearner"
+
+
+def test_a_rank_runs_numpys_matrix_products_on_one_blas_thread():
+    """The numpy accelerations' products are small: a rank sets numpy's BLAS to one thread, as it sets torch's
+    (OpenBLAS's default, a spinning thread per core, made a default CartPole run 10x slower on a busy machine). In a
+    fresh interpreter, with no thread variables set, as a user's shell starts one."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from threadpoolctl import threadpool_info\n"
+        "from rlrun.config import TrainConfig\n"
+        "from rlrun.distributed import from_env\n"
+        "from rlrun.training.parts import configure_torch\n"
+        "before = max(i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas')\n"
+        "configure_torch(TrainConfig(threads=1), from_env('cpu'))\n"
+        "print(before, max(i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split())
+    assert after == 1, (before, after)
