@@ -41,7 +41,7 @@ PRESETS = [
 
 @pytest.mark.parametrize("args, added", PRESETS, ids=[" ".join(a) or "defaults" for a, _ in PRESETS])
 def test_a_tuned_preset_applies_only_to_the_env_it_was_tuned_for(args, added):
-    out = preflight("train", args)
+    out = preflight("train", args).args
     assert [a for a in out if a not in args] == ([added] if added else [])
 
 
