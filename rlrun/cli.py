@@ -70,10 +70,10 @@ def _known_error(e: BaseException) -> tuple[str, int] | None:
 def _job_config(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> tuple[TrainConfig, str, dict | None]:
     """A job's typed config (presets applied, checked), its YAML text (what checkpoints carry) and the checkpoint
     it resumes from (loaded), or None."""
-    from rlrun.compose.preflight import job_threads, replay_checkpoint, train_config
+    from rlrun.compose.job import job_threads, replay_checkpoint, train_config
     from rlrun.compose.presets import job_presets
     from rlrun.compose.store import to_yaml
-    from rlrun.distributed import requeue_count, under_slurm
+    from rlrun.job_env import requeue_count, under_slurm
 
     hydra_dir = run_dir / hc.output_subdir if hc.output_subdir else None
     cfg, presets = job_presets(cfg, hc.runtime.choices, overrides, hydra_dir)
@@ -100,7 +100,8 @@ def _record_failed(run_dir: Path, message: str, overrides: list[str]) -> None:
 
 
 def _train_job(cfg: DictConfig, hc, overrides: list[str], run_dir: Path) -> dict | None:
-    from rlrun.distributed import from_env, launched_externally
+    from rlrun.distributed import from_env
+    from rlrun.job_env import launched_externally
     from rlrun.launch import launch, setup_rank_logging
     from rlrun.train import train
 
@@ -119,7 +120,7 @@ def _job_folder(cfg: DictConfig, run_dir: Path) -> contextlib.AbstractContextMan
     """The job holds its run folder while it runs (each job of a sweep its own). A run whose folder the command line
     names took it before Hydra wrote into it (main); other ranks' processes and other nodes' launchers write nothing
     and take nothing. An internal launcher holds it while its ranks run and restart."""
-    from rlrun.distributed import torchrun_job
+    from rlrun.job_env import torchrun_job
     from rlrun.run_folder import held
 
     job = torchrun_job()
@@ -132,7 +133,7 @@ def _named_run_folder(args: list[str]) -> Path | None:
     """The run folder of a single run when the command line names it (hydra.run.dir=, which a resume sets too), for
     the process that will write into it (rank 0, node 0): taken before Hydra writes .hydra/ and train.log there."""
     from rlrun.compose.hydra_compat import args_parser, parse_overrides
-    from rlrun.distributed import torchrun_job
+    from rlrun.job_env import torchrun_job
 
     parsed = args_parser().parse_args(args)
     job = torchrun_job()
@@ -145,8 +146,8 @@ def _named_run_folder(args: list[str]) -> Path | None:
     return Path(run_dir)
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")
-def train_app(cfg: DictConfig) -> float | None:
+def train_task(cfg: DictConfig) -> float | None:
+    """A training job inside Hydra's: a single run's (run_composed), or each job's of a sweep (train_app)."""
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
@@ -177,6 +178,9 @@ def train_app(cfg: DictConfig) -> float | None:
         release(run_dir)  # before a scheduler's handler, which may end the process before main's finally would
         _end_interrupted(summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
+
+
+train_app = hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")(train_task)
 
 
 def _end_interrupted(signum: int) -> NoReturn:
@@ -253,37 +257,27 @@ def train_seed_jobs(jobs: list[SeedJob], sweep_dir: Path) -> list[float]:
     return [float("nan") if isinstance(o, Exception) else o["eval_return_mean"] for o in outcomes]
 
 
-@hydra.main(version_base=None, config_path=CONF_DIR, config_name="play")
-def play_app(cfg: DictConfig) -> float:
+def play_task(cfg: DictConfig) -> float:
     from rlrun.checkpoint import load_checkpoint
+    from rlrun.compose.handoff import take
     from rlrun.compose.store import from_yaml
     from rlrun.play import play
 
     with user_errors():
-        typed: PlayConfig = OmegaConf.to_object(cfg)
-        validate_play(typed)
-        state = load_checkpoint(typed.checkpoint)
+        checked = take(cfg)  # what the pre-flight of this process checked and loaded
+        if checked is None or checked.state is None:
+            typed: PlayConfig = OmegaConf.to_object(cfg)
+            validate_play(typed)
+            state = load_checkpoint(typed.checkpoint)
+        else:
+            typed, state = checked.typed, checked.state
         result = play(typed, from_yaml(state["config"]), state, Path(HydraConfig.get().runtime.output_dir))
     return result["mean"]
 
 
+play_app = hydra.main(version_base=None, config_path=CONF_DIR, config_name="play")(play_task)
 APPS = {"train": train_app, "play": play_app}
-
-
-def _torchrun_args(args: list[str]) -> list[str]:
-    """Under torchrun every rank runs this CLI. They must share ONE run folder (named by the rendezvous
-    run id, not by each process's clock), and only rank 0 may create files in it."""
-    from rlrun.distributed import torchrun_job
-
-    job = torchrun_job()
-    if job is None:
-        return args
-    rank, run_id = job
-    if not any(a.startswith("hydra.run.dir=") for a in args):
-        args = [*args, f"hydra.run.dir=outputs/torchrun/{run_id}"]
-    if rank != 0:
-        args = [*args, "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    return args
+TASKS = {"train": train_task, "play": play_task}
 
 
 def _report(args: list[str]) -> None:
@@ -328,28 +322,30 @@ def _command(argv: list[str]) -> None:
     if command == "report":
         _report(args)
         return
-    from rlrun.compose.hydra_compat import runs_nothing
+    from rlrun.compose.hydra_compat import run_composed, runs_nothing
     from rlrun.compose.preflight import preflight
     from rlrun.compose.store import register_configs
 
     register_configs()  # the schemas the apps compose against
     try:
         with user_errors():
-            args = preflight(command, args)
+            checked = preflight(command, args)
     except NothingToDo as e:
         print(f"rlrun: {e}")
         return
-    folder = None
-    if command == "train" and not runs_nothing(args):  # printing a config needs no run folder (nor torch)
-        args = _torchrun_args(args)
-        folder = _named_run_folder(args)
+    args = checked.args
+    # printing a config needs no run folder (nor torch)
+    folder = _named_run_folder(args) if command == "train" and not runs_nothing(args) else None
     from rlrun.run_folder import hold, release
 
     with user_errors():
         took = folder is not None and hold(folder)
-    sys.argv = [f"rlrun {command}", *args]
     try:
-        APPS[command]()
+        if checked.run is not None:  # a single run: the pre-flight's composition is the run's
+            run_composed(command, checked.run, TASKS[command])
+        else:  # a sweep, or a command that prints: Hydra's app, which composes for itself
+            sys.argv = [f"rlrun {command}", *args]
+            APPS[command]()
     finally:
         if took:
             release(folder)

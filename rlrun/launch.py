@@ -116,7 +116,8 @@ def setup_rank_logging(rank: int, run_dir: Path) -> None:
 def rank_main(config_yaml: str, run_dir: str, resume: str | None, overrides: list[str]) -> dict[str, Any]:
     """One rank, started by the elastic agent (fork or spawn): everything it needs comes in its arguments."""
     from rlrun.checkpoint import load_checkpoint
-    from rlrun.distributed import from_env, restart_count
+    from rlrun.distributed import from_env
+    from rlrun.job_env import restart_count
     from rlrun.run_folder import list_checkpoints
     from rlrun.train import train
 

@@ -1,12 +1,13 @@
 """What rlrun takes from Hydra beyond its documented API, in one place: the argument parser of a Hydra app, the
-parsed form of overrides, the text of composition errors, turned into one line for the user, and a fix of Hydra
-1.3's config sources that makes composing cheap.
+parsed form of overrides, the text of composition errors, turned into one line for the user, a fix of Hydra 1.3's
+config sources that makes composing cheap, and a Hydra app's single run on a config composed already.
 tests/unit/test_preflight.py fails loudly when a Hydra release changes any of it."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+from collections.abc import Callable
 from typing import Any
 
 from hydra._internal.core_plugins.structured_config_source import (
@@ -19,6 +20,8 @@ from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, IntegerNode, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from rlrun.config import CONF_DIR
 
 COMPOSITION_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
 
@@ -106,3 +109,34 @@ def null_parent_line(overrides: list[str], defaults: DictConfig) -> str:
         if parent and OmegaConf.select(defaults, parent) is None:
             return f"cannot set '{key}': '{parent}' is null in this config"
     return f"cannot apply overrides {' '.join(overrides)}"
+
+
+def run_composed(config_name: str, config: DictConfig, task: Callable[[DictConfig], Any]) -> Any:
+    """Run `task` on `config` as a Hydra app's single run does (Hydra.run in hydra/_internal/hydra.py: its logging, the
+    run folder and .hydra/, callbacks, and a failure reported as Hydra reports it), on a config composed already
+    (with its hydra node, from the command line's overrides) instead of composing it twice more (Hydra's app
+    composes once to learn the run mode, once to run). Returns what `task` returns."""
+    from hydra import initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.utils import run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext, RunMode
+
+    def run() -> Any:
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+        if config.hydra.mode is None:  # as Hydra's app chooses the mode, and records it
+            config.hydra.mode = RunMode.RUN
+            config.hydra.overrides.hydra.append("hydra.mode=RUN")
+        callbacks = Callbacks(config)
+        callbacks.on_run_start(config=config, config_name=config_name)
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        ran = run_job(
+            hydra_context=context, task_function=task, config=config, job_dir_key="hydra.run.dir", job_subdir_key=None
+        )
+        callbacks.on_run_end(config=config, config_name=config_name, job_return=ran)
+        return ran.return_value  # raises the task's exception
+
+    # The job may compose (a sweep job's presets do) and instantiate, as inside Hydra's app.
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return run_and_report(run)

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from rlrun.distributed import RankContext, parameter_digest, requeue_count, restart_count
+from rlrun.distributed import RankContext, parameter_digest
+from rlrun.job_env import requeue_count, restart_count
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import resume_line
 from rlrun.training.parts import Parts, Run

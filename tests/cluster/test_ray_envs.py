@@ -22,15 +22,20 @@ pytest.importorskip("ray.cluster_utils", reason="the ray extra is not installed"
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.serial]
 
 SHORT = ["total_steps=2048", "eval.episodes=2", "logging.progress=plain", "checkpoint.every_steps=0"]
+TWO_ACTORS = [*SHORT, "env.vector.num_workers=2", "env.num_envs=4"]
 
 
-def test_same_seed_trains_the_same_model_on_sync_subproc_and_ray(tmp_path, ray_cluster):
+@pytest.fixture(scope="module")
+def fast_ray(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose two actors act for their envs (the fast path), made once for the two tests that read it."""
+    return train(tmp_path_factory.mktemp("fast_ray"), "run", *TWO_ACTORS, *on_ray(ray_cluster))
+
+
+def test_same_seed_trains_the_same_model_on_sync_subproc_and_ray(tmp_path, ray_cluster, fast_ray):
     # The reference (the rank acts, each step a round trip to the actors) and the fast path (each actor acts for
     # its envs, one call per rollout, with the rank's noise and weights) alike.
-    common = [*SHORT, "env.vector.num_workers=2", "env.num_envs=4"]
-
     def model(name: str, *backend: str) -> dict:
-        return final_state(train(tmp_path, name, *common, "algo.fast=false", *backend))["algo"]["model"]
+        return final_state(train(tmp_path, name, *TWO_ACTORS, "algo.fast=false", *backend))["algo"]["model"]
 
     sync = model("sync", "env.vector.backend=sync")
     assert_same_tensors(sync, model("subproc", "env.vector.backend=subproc"))
@@ -40,17 +45,15 @@ def test_same_seed_trains_the_same_model_on_sync_subproc_and_ray(tmp_path, ray_c
     assert_same_tensors(
         model("subproc_halves", "env.vector.backend=subproc", double), model("ray_halves", *on_ray(ray_cluster, double))
     )
-    fast_subproc = final_state(train(tmp_path, "fast_subproc", *common, "env.vector.backend=subproc"))
-    fast_ray = train(tmp_path, "fast_ray", *common, *on_ray(ray_cluster))
+    fast_subproc = final_state(train(tmp_path, "fast_subproc", *TWO_ACTORS, "env.vector.backend=subproc"))
     assert "acting in env workers" in (fast_ray / "train.log").read_text()
     assert_same_tensors(fast_subproc["algo"]["model"], final_state(fast_ray)["algo"]["model"])
 
 
-def test_actors_on_both_nodes_train_cartpole(tmp_path, ray_cluster):
+def test_actors_on_both_nodes_train_cartpole(fast_ray):
     # That this run solves CartPole at full length: bench/learning/test_env_workers.py.
-    run = train(tmp_path, "run", *on_ray(ray_cluster, "env.vector.num_workers=2"), *SHORT)
-    assert "2 Ray env workers on 2 nodes" in (run / "train.log").read_text()
-    summary = json.loads((run / "summary.json").read_text())
+    assert "2 Ray env workers on 2 nodes" in (fast_ray / "train.log").read_text()
+    summary = json.loads((fast_ray / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["env_steps"] == 2048, summary
 
 

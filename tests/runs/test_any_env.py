@@ -41,7 +41,7 @@ PRESETS = [
 
 @pytest.mark.parametrize("args, added", PRESETS, ids=[" ".join(a) or "defaults" for a, _ in PRESETS])
 def test_a_tuned_preset_applies_only_to_the_env_it_was_tuned_for(args, added):
-    out = preflight("train", args)
+    out = preflight("train", args).args
     assert [a for a in out if a not in args] == ([added] if added else [])
 
 
@@ -351,6 +351,7 @@ def test_car_racing_frames_train_with_ppo_and_with_sac_on_a_replay_of_bytes(tmp_
     frames = sac.replay.frames
     assert frames.dtype == np.uint8 and frames[0].nbytes == 3 * 96 * 96 and len(frames) >= 1000
     common = ["env.id=CarRacing-v3", "env.max_episode_steps=50", "eval.episodes=1", "eval.num_envs=1", "seed=1"]
+    common += ["threads=1"]  # the other pytest worker has the other core (a CNN run takes them all by default)
     runs = {
         "ppo": ["env.num_envs=2", "algo.num_steps=32", "algo.num_minibatches=2", "total_steps=128"],
         # 32 updates of small batches: SAC's three MLPs on 27,648 inputs are what costs here

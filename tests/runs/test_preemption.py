@@ -23,8 +23,6 @@ from rlrun.errors import UserError
 from rlrun.fast import accelerate
 from tests.conftest import REPO, on_gloo_ranks, read_jsonl, rlrun, typed
 
-pytestmark = pytest.mark.serial  # a straggler is made by timing: alone, so other tests do not make one
-
 # What the update reads of a rollout, [T, N, ...] each.
 ROLLOUT = ("obs", "actions", "log_probs", "values", "next_values", "rewards", "terminated", "truncated")
 
@@ -137,6 +135,7 @@ def _slow_env_here(folder: Path) -> None:
 
 @pytest.mark.dist
 @pytest.mark.slow
+@pytest.mark.serial  # its straggler is made by timing: alone, so other tests do not make another
 @pytest.mark.timeout(240)
 def test_a_slow_rank_is_preempted_and_the_run_resumes(tmp_path):
     _slow_env_here(tmp_path)

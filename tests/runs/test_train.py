@@ -3,6 +3,7 @@
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,10 +22,16 @@ from tests.conftest import (
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SMALL run (checkpoints at 2048 and 4096 steps) that the tests below read and never change."""
+    return train(tmp_path_factory.mktemp("small"), "run", *SMALL)
+
+
 @pytest.mark.timeout(240)
-def test_a_short_run_writes_its_folder_then_plays_and_records_a_video(tmp_path):
+def test_a_short_run_writes_its_folder_then_plays_and_records_a_video(tmp_path, small):
     # That the default run solves CartPole and plays it back solved: bench/learning/test_ppo.py.
-    run = train(tmp_path, "run", *SMALL)
+    run = small
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["env_steps"] == 4096 and summary["eval_episodes"] == 4
     assert math.isfinite(summary["eval_return_mean"])
@@ -48,8 +55,8 @@ def test_short_runs_of_the_reference_alone_and_of_pendulum_complete(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_same_seed_gives_identical_metrics(tmp_path):
-    a = read_jsonl(train(tmp_path, "a", *SMALL) / "metrics.jsonl")
+def test_same_seed_gives_identical_metrics(tmp_path, small):
+    a = read_jsonl(small / "metrics.jsonl")
     b = read_jsonl(train(tmp_path, "b", *SMALL) / "metrics.jsonl")
     c = read_jsonl(train(tmp_path, "c", *SMALL, "seed=2") / "metrics.jsonl")
     assert len(a) >= 8 and a == b
@@ -57,8 +64,8 @@ def test_same_seed_gives_identical_metrics(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_resume_from_mid_run_checkpoint_is_bit_exact(tmp_path):
-    full = train(tmp_path, "full", *SMALL)
+def test_resume_from_mid_run_checkpoint_is_bit_exact(tmp_path, small):
+    full = small
     part = tmp_path / "part"
     shutil.copytree(full, part)
     for late in sorted((part / "checkpoints").glob("ckpt_*.pt"))[1:]:
@@ -92,14 +99,15 @@ def test_breakout_smoke_run_then_play(tmp_path):
         tmp_path,
         "breakout",
         "env=breakout",
-        "total_steps=2048",
+        "total_steps=1024",  # 2 iterations of 128 steps x 4 envs; the CNN's updates are what costs here
         "env.num_envs=4",
+        "threads=1",  # the other pytest worker has the other core (a CNN run takes them all by default),
         "eval.episodes=1",
         "eval.num_envs=1",
         "logging.progress=plain",
     )
     state = final_state(run)
-    assert state["env_steps"] == 2048 and state["ranks"][0]["cursor"]["next_obs"].shape == (4, 4, 84, 84)
+    assert state["env_steps"] == 1024 and state["ranks"][0]["cursor"]["next_obs"].shape == (4, 4, 84, 84)
     out = rlrun(
         "play",
         f"checkpoint={run}",
@@ -114,8 +122,8 @@ def test_breakout_smoke_run_then_play(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_resume_from_an_older_checkpoint_continues_in_a_new_run_folder(tmp_path):
-    run = train(tmp_path, "run", *SMALL)  # checkpoints at 2048 and 4096
+def test_resume_from_an_older_checkpoint_continues_in_a_new_run_folder(tmp_path, small):
+    run = small  # checkpoints at 2048 and 4096
     before = {p.name: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
     out = rlrun("train", f"resume={run / 'checkpoints' / 'ckpt_000000002048.pt'}", "total_steps=6144", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

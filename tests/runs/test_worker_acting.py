@@ -27,11 +27,11 @@ from tests.conftest import (
     assert_reaped,
     assert_same_tensors,
     final_state,
-    rlrun,
+    resumed_copy,
     train,
 )
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(120), pytest.mark.serial]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(120)]
 SEEDS = [1, 2, 3, 4]
 
 
@@ -156,6 +156,7 @@ def test_rank_acts_when_told_or_when_it_normalizes_observations(change):
         assert_reaped(pool)
 
 
+@pytest.mark.serial  # a deadline of seconds (half a second for a hang)
 @pytest.mark.parametrize("mode", ["raise", "hang", "segfault"])
 def test_env_failing_in_a_worker_rollout_names_worker_and_cause_promptly(mode):
     timeout = 0.5 if mode == "hang" else 10.0
@@ -189,6 +190,7 @@ class Slow(gym.Env):
         return np.zeros(4, np.float32), 1.0, False, False, {}
 
 
+@pytest.mark.serial  # 100 ms steps against a step timeout of 1 s
 def test_a_rollout_longer_than_the_step_timeout_finishes_while_it_progresses():
     pool = WorkerPool([Slow, Slow], 2, step_timeout_s=1.0)
     algo = ppo_on(pool, num_steps=25)
@@ -203,11 +205,9 @@ def test_a_rollout_longer_than_the_step_timeout_finishes_while_it_progresses():
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_ranks_with_acting_workers_stay_in_sync_and_resume_exactly(tmp_path):
-    args = ["env.vector.backend=subproc", "env.vector.num_workers=2", "algo.anneal_lr=false", "eval.every_steps=0"]
-    whole = train(tmp_path, "whole", *TWO_RANKS, *args, "total_steps=8192")
-    half = train(tmp_path, "half", *TWO_RANKS, *args, "total_steps=4096")
-    out = rlrun("train", f"resume={half}", "total_steps=8192", cwd=tmp_path, timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((half / "summary.json").read_text())
+    args = ["env.vector.backend=subproc", "env.vector.num_workers=2", "eval.every_steps=0", "total_steps=8192"]
+    whole = train(tmp_path, "whole", *TWO_RANKS, *args, "checkpoint.every_steps=4096", "checkpoint.keep_last=2")
+    part = resumed_copy(tmp_path, whole, 4096, timeout=180)  # from the checkpoint half way
+    summary = json.loads((part / "summary.json").read_text())
     assert summary["world_size"] == 2 and len(set(summary["parameter_digests"])) == 1
-    assert_same_tensors(final_state(whole)["algo"]["model"], final_state(half)["algo"]["model"])
+    assert_same_tensors(final_state(whole)["algo"]["model"], final_state(part)["algo"]["model"])

@@ -127,19 +127,22 @@ def test_a_resume_override_the_checkpoints_algorithm_lacks_is_one_line():
 def test_exact_integer_floats_are_written_as_integers_for_hydra():
     # OmegaConf refuses any float for an int key; the pre-flight hands Hydra the integer, so .hydra/overrides.yaml
     # and the resolved config say 1000000. Floats of float keys stay as written.
-    assert preflight("train", ["total_steps=1e6", "algo.lr=1e-3"]) == ["total_steps=1000000", "algo.lr=1e-3"]
-    assert preflight("train", ["-m", "total_steps=1e5,2.5e4", "seed=0,1"]) == [
+    assert preflight("train", ["total_steps=1e6", "algo.lr=1e-3"]).args == ["total_steps=1000000", "algo.lr=1e-3"]
+    assert preflight("train", ["-m", "total_steps=1e5,2.5e4", "seed=0,1"]).args == [
         "-m",
         "total_steps=100000,25000",
         "seed=0,1",
     ]
-    assert preflight("train", ["algo=dqn", "algo.learning_starts=5e2", "--cfg", "job"])[1] == "algo.learning_starts=500"
+    assert (
+        preflight("train", ["algo=dqn", "algo.learning_starts=5e2", "--cfg", "job"]).args[1]
+        == "algo.learning_starts=500"
+    )
 
 
 def test_the_number_that_would_just_update_is_accepted():
     # 1024 steps of DQN's CartPole preset (train_freq 256, one env, learning_starts 1000, 1-step): 4 iterations, the
     # replay holds 1023 after the last one, so one update phase runs; below that, none.
-    assert preflight("train", ["algo=dqn", "total_steps=1024"]) == ["algo=dqn", "total_steps=1024"]
+    assert preflight("train", ["algo=dqn", "total_steps=1024"]).args == ["algo=dqn", "total_steps=1024"]
     with pytest.raises(UserError, match="raise total_steps to 1024"):
         preflight("train", ["algo=dqn", "total_steps=1023"])
     assert preflight("train", ["algo=dqn", "total_steps=800", "algo.allow_no_updates=true"])
@@ -158,9 +161,9 @@ def test_a_device_is_looked_for_only_by_a_command_that_runs():
 
 
 def test_good_input_passes_and_help_is_left_to_hydra():
-    assert preflight("train", ["algo=dqn", "seed=3"]) == ["algo=dqn", "seed=3"]
-    assert preflight("train", ["--help"]) == ["--help"]
-    assert preflight("play", ["checkpoint=x", "--cfg", "job"]) == ["checkpoint=x", "--cfg", "job"]
+    assert preflight("train", ["algo=dqn", "seed=3"]).args == ["algo=dqn", "seed=3"]
+    assert preflight("train", ["--help"]).args == ["--help"]
+    assert preflight("play", ["checkpoint=x", "--cfg", "job"]).args == ["checkpoint=x", "--cfg", "job"]
 
 
 def test_hydra_argument_parser_and_override_parser_as_rlrun_reads_them():

@@ -71,6 +71,20 @@ def _hydra_args_parser() -> None:
     assert any("--cfg" in a.option_strings for a in get_args_parser()._actions)
 
 
+def _hydra_run_steps() -> None:
+    """What Hydra.run does between composing and returning, which rlrun/compose/hydra_compat.run_composed repeats on a
+    config composed already: Callbacks from the config, run_job, and run_and_report around them."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import run_and_report
+
+    run = inspect.getsource(Hydra.run)
+    for step in ("configure_log", "Callbacks(cfg)", "on_run_start", "run_job(", 'job_dir_key="hydra.run.dir"'):
+        assert step in inspect.getsource(Hydra.compose_config) + run, step
+    assert {"on_run_start", "on_run_end", "on_job_start", "on_job_end"} <= set(vars(Callbacks))
+    assert run_and_report(lambda: 7) == 7
+
+
 def _omegaconf_get_node() -> None:
     from omegaconf import IntegerNode, OmegaConf
 
@@ -138,6 +152,13 @@ PRIVATE_APIS = [
         "rlrun/compose/hydra_compat.py",
         "Hydra's own command-line parser, so rlrun's CLI takes exactly Hydra's flags",
         _hydra_args_parser,
+    ),
+    PrivateApi(
+        "hydra._internal: Hydra.run's steps (Callbacks, run_and_report)",
+        "hydra-core",
+        "rlrun/compose/hydra_compat.py",
+        "a single run on the pre-flight's composition, made as Hydra's app makes it, without composing twice more",
+        _hydra_run_steps,
     ),
     PrivateApi(
         "DictConfig._get_node",
