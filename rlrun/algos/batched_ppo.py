@@ -433,30 +433,12 @@ class BatchedPPO:
         stats, or for a seed whose gradient norm was not finite the NonFiniteError its single run raises: that seed
         stopped for good there, before its optimizer stepped (its network holds its last finite weights). A seed
         stopped before the update gets stats that mean nothing."""
-        c, r, S, T, N = self.cfg, self.rollout, self.S, self.cfg.num_steps, self.N
-        n = T * N
+        c, S = self.cfg, self.S
+        n = c.num_steps * self.N
         self.model.train()
         lr = c.lr * (1.0 - progress) if c.anneal_lr else c.lr
         self.optimizer.lr = lr
-
-        def by_seed(x: Tensor) -> Tensor:  # [T, S, ...] -> [S, T, ...]
-            return x.transpose(0, 1)
-
-        rewards, values, next_values, terminated, truncated = (
-            by_seed(r[k]) for k in ("rewards", "values", "next_values", "terminated", "truncated")
-        )
-        advantages, returns = gae_per_seed(
-            rewards, values, next_values, terminated, truncated, c.gamma, c.gae_lambda
-        )  # [S, T, N]
-        batch = {
-            "obs": by_seed(r["obs"]),
-            "actions": by_seed(r["actions"]),
-            "old_log_probs": by_seed(r["log_probs"]),
-            "advantages": advantages,
-            "returns": returns,
-            "old_values": by_seed(r["values"]),
-        }
-        flat = {k: v.flatten(1, 2) for k, v in batch.items()}  # [S, T * N, ...], each seed's steps in its run's order
+        flat = self._seeds_batch()
         active = self.running.clone()  # on the CPU: which seeds step is decided on the host
         failed: dict[int, NonFiniteError] = {}
         totals = torch.zeros(S, len(STATS), device=self.device)
@@ -476,19 +458,7 @@ class BatchedPPO:
             size = n // c.num_minibatches
             for j in range(c.num_minibatches):
                 minibatch = {k: v[:, j * size : (j + 1) * size] for k, v in shuffled.items()}
-                if c.norm_adv:  # per seed, as normalize_advantages on the seed's minibatch
-                    minibatch["advantages"] = normalize_per_seed(minibatch["advantages"])
-                loss, stats = self.parts.learner(**minibatch)
-                self.optimizer.zero_grad()
-                torch.autograd.backward(loss.sum())
-                norms = clip_grad_norm_per_seed(self.optimizer.params, c.max_grad_norm)
-                broken = active & ~torch.isfinite(norms).cpu()
-                if broken.any():  # those seeds stop here, as their single runs do (require_finite), the others go on
-                    for s in broken.nonzero().flatten().tolist():
-                        failed[s] = nonfinite_error(float(norms[s]), "the PPO gradient norm")
-                    self.running &= ~broken
-                    active &= ~broken
-                self.optimizer.step(active)
+                stats = self._minibatch_step(minibatch, active, failed)
                 totals += stats * active.to(self.device)[:, None]
                 counts += active
             if c.target_kl is not None:  # a seed whose KL went past the target sits the remaining epochs out
@@ -502,10 +472,58 @@ class BatchedPPO:
             if s in failed:
                 out.append(failed[s])
                 continue
-            ev = explained_variance(batch["old_values"][s].flatten(), flat["returns"][s])
+            ev = explained_variance(flat["old_values"][s], flat["returns"][s])
             own = {"learning_rate": lr, "explained_variance": ev, "epochs": float(epochs[s])}
             out.append(dict(zip(STATS, means[s])) | own)
         return out
+
+    def _seeds_batch(self) -> dict[str, Tensor]:
+        """The last rollouts with their advantages and returns, as [S, T * N, ...]: each seed's steps in the order
+        its single run's PPO.update flattens them."""
+        c, r = self.cfg, self.rollout
+
+        def by_seed(x: Tensor) -> Tensor:  # [T, S, ...] -> [S, T, ...]
+            return x.transpose(0, 1)
+
+        rewards, values, next_values, terminated, truncated = (
+            by_seed(r[k]) for k in ("rewards", "values", "next_values", "terminated", "truncated")
+        )
+        advantages, returns = gae_per_seed(
+            rewards, values, next_values, terminated, truncated, c.gamma, c.gae_lambda
+        )  # [S, T, N]
+        batch = {
+            "obs": by_seed(r["obs"]),
+            "actions": by_seed(r["actions"]),
+            "old_log_probs": by_seed(r["log_probs"]),
+            "advantages": advantages,
+            "returns": returns,
+            "old_values": values,
+        }
+        return {k: v.flatten(1, 2) for k, v in batch.items()}
+
+    def _minibatch_step(
+        self, minibatch: dict[str, Tensor], active: Tensor, failed: dict[int, NonFiniteError]
+    ) -> Tensor:
+        """One minibatch's loss, backward, per-seed clip and step for the active seeds; a seed whose gradient norm
+        is not finite stops here, as its single run does (require_finite), recorded in `failed`, and is taken out
+        of `active` and `self.running` in place while the others go on. Returns the minibatch's [S, STATS]."""
+        c = self.cfg
+        if c.norm_adv:  # per seed, as normalize_advantages on the seed's minibatch
+            minibatch["advantages"] = normalize_per_seed(minibatch["advantages"])
+        loss: Tensor
+        stats: Tensor
+        loss, stats = self.parts.learner(**minibatch)
+        self.optimizer.zero_grad()
+        torch.autograd.backward(loss.sum())
+        norms = clip_grad_norm_per_seed(self.optimizer.params, c.max_grad_norm)
+        broken = active & ~torch.isfinite(norms).cpu()
+        if broken.any():
+            for s in broken.nonzero().flatten().tolist():
+                failed[s] = nonfinite_error(float(norms[s]), "the PPO gradient norm")
+            self.running &= ~broken
+            active &= ~broken
+        self.optimizer.step(active)
+        return stats
 
 
 def seeds_episodes(ended: list[EndedEpisodes], S: int) -> list[Episodes]:
