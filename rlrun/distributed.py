@@ -1,6 +1,7 @@
-"""Rank information and collectives for the process this runs in. The only module that reads RANK /
-LOCAL_RANK / WORLD_SIZE and talks to torch.distributed; with world size 1 every reduction is the identity
-and nothing is wrapped, so the same training code runs either way."""
+"""Rank information and collectives for the process this runs in. With rlrun/job_env.py (its torch-free half, which
+the command line reads before it imports torch) the only module that reads RANK / LOCAL_RANK / WORLD_SIZE, and the
+only one that talks to torch.distributed; with world size 1 every reduction is the identity and nothing is wrapped,
+so the same training code runs either way."""
 
 from __future__ import annotations
 
