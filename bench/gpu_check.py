@@ -1,13 +1,15 @@
 """`make gpu-check`: on a machine with CUDA, one short run of each algorithm family on the GPU (1 rank, and 2
 ranks with nccl when 2 GPUs exist), each followed by an exact-resume check (a copy of the run folder without its
 final checkpoint resumed from step N to 2N, its final parameters compared with the run's), printed as a table; and
-two PPO seeds in one batched learner. Where there is no GPU it says so and exits 0.
+two seeds of each algorithm in one batched learner. Where there is no GPU it says so and exits 0.
 
-    make gpu-check            # or: .venv/bin/python bench/gpu_check.py  (GPU_CHECK_JOBS=N: N cases at once)
+    make gpu-check            # or: .venv/bin/python bench/gpu_check.py  (GPU_CHECK_JOBS=N: N cases at once;
+                              # GPU_CHECK_ONLY=batched,lstm: the cases whose names contain one of these)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -42,6 +44,7 @@ CASES = {
     "ppo user dict net": [*SPACES, "env.id=Compass-v0", "model._target_=tests.data.spaces_envs.CompassNet"],
 }
 STEPS = 4096
+ONLY = os.environ.get("GPU_CHECK_ONLY", "")  # only the cases whose names contain one of these (comma-separated)
 DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")  # cpu: a dry run of the cases where there is no GPU
 COMMON = [f"device={DEVICE}", "logging.progress=none", "eval.every_steps=0", "eval.episodes=2", "eval.num_envs=2"]
 
@@ -53,6 +56,10 @@ def run(folder: Path, args: list[str], timeout: float = 900, multirun: bool = Fa
     )
     cmd = [sys.executable, "-m", "rlrun", "train", *(["-m"] if multirun else []), *COMMON, *args]
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def wanted(name: str) -> bool:
+    return not ONLY or any(part in name for part in ONLY.split(","))
 
 
 def final_params(run_dir: Path) -> dict:
@@ -85,28 +92,36 @@ def check(name: str, args: list[str], ranks: int, folder: Path) -> tuple[str, st
         return "ok", seconds, "resume FAILED: " + out.stderr.strip().splitlines()[-1]
     a, b = final_params(full), final_params(part)
     diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    resumed_from = sorted((part / "checkpoints").glob("ckpt_*.pt"))[0]
+    if torch.load(resumed_from, weights_only=True)["ranks"][0]["envs"] is None:  # rlrun/envs/state.py: restorable
+        return "ok", seconds, f"fresh episodes (the env's state is not saved), max |diff| {diff:.2e}"
     return "ok", seconds, "exact" if diff == 0 else f"max |diff| {diff:.2e}"
 
 
-def check_batched(folder: Path) -> tuple[str, str, str, str, str]:
-    """Two PPO seeds in one batched learner on the GPU (hydra/launcher=batched): both folders complete."""
+# Two seeds of each algorithm in one batched learner (hydra/launcher=batched, rlrun/algos/batched_*.py).
+BATCHED = {
+    "ppo batched seeds": ["algo=ppo", "env=cartpole"],
+    "a2c batched seeds": ["algo=a2c", "env=cartpole"],
+    "dqn batched seeds": ["algo=dqn", "env=cartpole", "algo.learning_starts=512"],
+    "sac batched seeds": ["algo=sac", "env=pendulum", "algo.learning_starts=512"],
+    "td3 batched seeds": ["algo=td3", "env=pendulum", "algo.learning_starts=512"],
+}
+
+
+def check_batched(name: str, args: list[str], folder: Path) -> tuple[str, str, str, str, str]:
+    """Two seeds in one batched learner on the GPU: both folders complete."""
     start = time.monotonic()
-    sweep = folder / "batched"
-    args = [
-        "seed=0,1",
-        "hydra/launcher=batched",
-        f"total_steps={STEPS}",
-        f"hydra.sweep.dir={sweep}",
-    ]
-    out = run(folder, args, multirun=True)
+    sweep = folder / name.replace(" ", "_")
+    out = run(
+        folder,
+        [*args, "seed=0,1", "hydra/launcher=batched", f"total_steps={STEPS}", f"hydra.sweep.dir={sweep}"],
+        multirun=True,
+    )
     seconds = f"{time.monotonic() - start:.0f}"
     if out.returncode != 0:
-        return "ppo batched seeds", "1", "FAILED: " + out.stderr.strip().splitlines()[-1], seconds, "-"
-    import json
-
+        return name, "1", "FAILED: " + out.stderr.strip().splitlines()[-1], seconds, "-"
     status = [json.loads((sweep / str(i) / "summary.json").read_text())["status"] for i in range(2)]
-    ok = status == ["completed", "completed"]
-    return "ppo batched seeds", "1", "ok" if ok else f"FAILED: {status}", seconds, "-"
+    return name, "1", "ok" if status == ["completed", "completed"] else f"FAILED: {status}", seconds, "-"
 
 
 def main() -> int:
@@ -119,9 +134,10 @@ def main() -> int:
     jobs = int(os.environ.get("GPU_CHECK_JOBS", "1"))  # cases run side by side (each its own processes)
     rows: list[tuple] = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(jobs) as pool:
-        todo = [(name, args, ranks) for ranks in ([1, 2] if gpus >= 2 else [1]) for name, args in CASES.items()]
+        cases = [(name, args) for name, args in CASES.items() if wanted(name)]
+        todo = [(name, args, ranks) for ranks in ([1, 2] if gpus >= 2 else [1]) for name, args in cases]
         futures = [pool.submit(lambda c: (c[0], c[2], *check(c[0], c[1], c[2], Path(tmp))), c) for c in todo]
-        futures.append(pool.submit(check_batched, Path(tmp)))
+        futures += [pool.submit(check_batched, name, args, Path(tmp)) for name, args in BATCHED.items() if wanted(name)]
         for future in futures:
             rows.append(future.result())
             print(

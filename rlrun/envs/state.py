@@ -17,9 +17,13 @@ import torch
 _SCALARS = (bool, int, float, str, type(None))
 
 
+# The envs whose whole state this module captures: classic control's, ale-py's AtariEnv, and rlrun's AtariEnv that
+# takes its seed while it loads (rlrun/envs/atari_seeded.py: training makes ALE games so; its one attribute is a seed).
+_RESTORABLE = ("gymnasium.envs.classic_control", "ale_py", "rlrun.envs.atari_seeded")
+
+
 def restorable(env: gym.Env) -> bool:
-    module = type(env.unwrapped).__module__
-    return module.startswith("gymnasium.envs.classic_control") or module.startswith("ale_py")
+    return type(env.unwrapped).__module__.startswith(_RESTORABLE)
 
 
 def _encode(value: Any) -> Any:

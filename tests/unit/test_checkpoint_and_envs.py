@@ -103,16 +103,28 @@ def _roll(envs, actions):
     ids=lambda c: c.id,
 )
 def test_env_state_round_trip_continues_exactly(cfg, tmp_path):
+    assert_round_trip(cfg, tmp_path)
+
+
+def test_ale_envs_made_with_their_seeds_as_training_makes_them_resume_exactly(tmp_path):
+    # Training makes ALE games with their seeds (rlrun/envs/atari_seeded.py's AtariEnv): their state was not
+    # saved, so a resumed Breakout run started fresh episodes and differed from the run that went on.
+    assert_round_trip(EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig()), tmp_path, seeds=[1, 2])
+
+
+def assert_round_trip(cfg, tmp_path, seeds=None):
     rng = np.random.default_rng(0)
-    envs = make_vector_env(cfg, 2)
+    envs = make_vector_env(cfg, 2, seeds=seeds)
     envs.reset(seed=[1, 2])
     envs.action_space.seed(3)
     _roll(envs, [envs.action_space.sample() for _ in range(40)])
-    torch.save({"envs": envs.get_env_state()}, tmp_path / "s.pt")
+    state = envs.get_env_state()
+    assert all(s is not None for s in state)  # None: the env cannot be restored, and a resume starts fresh episodes
+    torch.save({"envs": state}, tmp_path / "s.pt")
     actions = [envs.action_space.sample() for _ in range(120)]
     expected = _roll(envs, actions)
-    fresh = make_vector_env(cfg, 2)
-    fresh.reset(seed=[int(s) for s in rng.integers(1000, size=2)])
+    fresh = make_vector_env(cfg, 2, seeds=seeds)
+    fresh.reset(seed=seeds or [int(s) for s in rng.integers(1000, size=2)])
     fresh.set_env_state(torch.load(tmp_path / "s.pt", weights_only=True)["envs"])
     for (o1, r1, te1, tr1), (o2, r2, te2, tr2) in zip(expected, _roll(fresh, actions)):
         np.testing.assert_array_equal(o1, o2)
