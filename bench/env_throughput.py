@@ -1,5 +1,6 @@
 """Raw env steps/s with random actions, no learning, of each rlrun backend (sync: in-process; subproc: forked
-workers; native: the env's own vectorized implementation; ray with --ray) on Breakout and CartPole, pinned to 1 core
+workers; native: the env's own vectorized implementation; ray with --ray; and for CartPole sync's envs stepped as
+arrays, rlrun/fast/cartpole_arrays.py, as the accelerations step them) on Breakout and CartPole, pinned to 1 core
 and to 2 (os.sched_setaffinity: the backend gets that many workers or threads), beside gymnasium's SyncVectorEnv and
 AsyncVectorEnv (the peers, in this invocation). Ratios are against gymnasium's SyncVectorEnv on the same cores.
 Then PPO end to end on Breakout (collect and update per iteration) on subproc (acting in the workers) and native.
@@ -22,12 +23,15 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rlrun.config import AtariConfig, EnvConfig, VectorConfig
 from rlrun.envs import make_env, make_vector_env
+from rlrun.fast.cartpole_arrays import CartPoleArrays
 
 BREAKOUT = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig())
 CARTPOLE = EnvConfig(id="CartPole-v1")
-# (name, env, number of envs): Breakout as PPO trains it (8 envs), CartPole at CleanRL's 4 and at 16.
-CASES = [("breakout", BREAKOUT, 8), ("cartpole", CARTPOLE, 4), ("cartpole", CARTPOLE, 16)]
+# (name, env, number of envs): Breakout as PPO trains it (8 envs), CartPole at 2, CleanRL's 4, 16 and 32 (a batch of 8
+# seeds of 4 envs: rlrun/seeds.py).
+CASES = [("breakout", BREAKOUT, 8), *(("cartpole", CARTPOLE, n) for n in (2, 4, 16, 32))]
 PEER = "gymnasium SyncVectorEnv"
+ARRAYS = "rlrun sync, CartPole as arrays"
 
 
 def rate(step: Callable[[np.ndarray], Any], num_envs: int, actions: list[np.ndarray], seconds: float) -> float:
@@ -48,6 +52,10 @@ def build(label: str, cfg: EnvConfig, n: int, cores: int) -> Any:
     if label == "gymnasium AsyncVectorEnv":
         fns = [make_env(cfg, train=True) for _ in range(n)]
         return AsyncVectorEnv(fns, shared_memory=True, autoreset_mode=AutoresetMode.SAME_STEP)
+    if label == ARRAYS:
+        envs = make_vector_env(replace(cfg, vector=VectorConfig(backend="sync")), n)
+        envs.run_command = CartPoleArrays(envs.envs).rows(0, n)
+        return envs
     backend = label.removeprefix("rlrun ")
     return make_vector_env(replace(cfg, vector=VectorConfig(backend=backend, num_workers=cores)), n)
 
@@ -64,6 +72,8 @@ def measure(labels: list[str], seconds: float) -> dict[tuple[str, int, str, int]
             for label in labels:
                 if label == "rlrun subproc" and cores == 1 and name == "cartpole":
                     continue  # one worker process for cheap envs: the round trip alone, shown for Breakout
+                if label == ARRAYS and name != "cartpole":
+                    continue
                 envs = build(label, cfg, n, cores)
                 envs.reset(seed=list(range(n)))
                 results[(name, n, label, cores)] = rate(envs.step, n, actions, seconds)
@@ -134,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.only:
         CASES[:] = [c for c in CASES if c[0] == args.only]
-    labels = [PEER, "gymnasium AsyncVectorEnv", "rlrun sync", "rlrun subproc", "rlrun native"]
+    labels = [PEER, "gymnasium AsyncVectorEnv", "rlrun sync", ARRAYS, "rlrun subproc", "rlrun native"]
     labels += ["rlrun ray"] if args.ray else []
     print(f"load average before: {os.getloadavg()}")
     print_table(measure(labels, args.seconds), labels)

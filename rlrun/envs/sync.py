@@ -77,12 +77,7 @@ def _step(
         where[0] = offset + i
         obs, reward, term, trunc, info = env.step(actions[i])
         if term or trunc:
-            if check_finite:  # a truncation bootstraps from it
-                require_finite_rows(np.asarray(obs)[None], offset + i, "final observation")
-            final_rows[i] = obs
-            final = {"final_obs": final_rows[i].copy(), "final_info": info}
-            obs, info = env.reset()
-            info = {**final, **info}
+            obs, info = autoreset(env, obs, info, final_rows[i], offset + i, check_finite)
         obs_rows[i] = obs
         rewards.append(reward)
         terminated.append(term)
@@ -93,6 +88,27 @@ def _step(
         require_finite_rows(obs_rows, offset, "observation")
         require_finite_rows(b["rewards"][rows], offset, "reward")
     return infos
+
+
+def autoreset(
+    env: gym.Env, obs: Any, info: dict[str, Any], final_row: np.ndarray, j: int, check_finite: bool
+) -> tuple[Any, dict[str, Any]]:
+    """SAME_STEP autoreset of env j, whose episode ended on observation `obs` with `info`: the final observation is
+    written to its row of final_obs and kept in the info beside the final info, and the env is reset. Returns the
+    first observation of its next episode and that info."""
+    if check_finite:  # a truncation bootstraps from it
+        require_finite_rows(np.asarray(obs)[None], j, "final observation")
+    final_row[:] = obs
+    final = {"final_obs": final_row.copy(), "final_info": info}
+    obs, info = env.reset()
+    return obs, {**final, **info}
+
+
+# run_command's signature (command, data, envs, offset, buffers, where, check_finite) -> infos: SyncEnvs' part that
+# runs a command on its envs.
+RunCommand = Callable[
+    [str, list[Any] | None, list[gym.Env], int, dict[str, np.ndarray], list[int | None], bool], list[dict[str, Any]]
+]
 
 
 def require_finite_rows(x: np.ndarray, first_env: int, what: str) -> None:
@@ -162,10 +178,13 @@ class SyncEnvs:
         self.buffers = env_buffers(self.num_envs, self.single_observation_space, self.single_action_space)
         self.groups = [slice(0, self.num_envs)]
         self.num_workers = 0  # no processes of its own: acting may use every core
+        # The part that runs a command on the envs, which an acceleration may replace (rlrun/fast/cartpole_arrays.py:
+        # the step of CartPoles as arrays); every other command and every other backend runs run_command.
+        self.run_command: RunCommand = run_command
         self._infos: list[dict[str, Any]] = []
 
     def _run(self, command: str, data: list[Any] | None = None) -> list[dict[str, Any]]:
-        return run_command(command, data, self.envs, 0, self.buffers, [0], self.check_finite)
+        return self.run_command(command, data, self.envs, 0, self.buffers, [0], self.check_finite)
 
     def reset(
         self, seed: int | Sequence[int] | None = None, options: dict[str, Any] | None = None

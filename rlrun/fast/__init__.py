@@ -12,7 +12,7 @@ aside with one line when they differ (selfcheck.py), so an edit to algos/ or mod
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import torch
 
@@ -25,14 +25,16 @@ from rlrun.algos.ppo import PPO, PPOLearner, PPOParts
 from rlrun.algos.protocol import Algorithm, VectorEnv
 from rlrun.envs.pool import WorkerPool
 from rlrun.envs.ray_envs import RayEnvs
+from rlrun.envs.sync import SyncEnvs
 from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
+from rlrun.fast.cartpole_arrays import CartPoleArrays, coverable
 from rlrun.fast.channels_last import ChannelsLast
 from rlrun.fast.flat_adam import FlatAdams
 from rlrun.fast.fused_a2c import FusedA2CUnroll
 from rlrun.fast.fused_batched_ppo import FusedBatchedPPOLearner, fusable_batch
 from rlrun.fast.fused_dqn import FusedDQNLearner, FusedQTargets, fusable_q
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
-from rlrun.fast.joined_sync import all_in_process, join_envs
+from rlrun.fast.joined_sync import all_cartpoles, all_in_process, join_cartpoles, join_envs
 from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_q import NumpyEpsilonGreedy
 from rlrun.fast.rollout_noise import draw_noise_at_once
@@ -62,6 +64,10 @@ def accelerate(algo: Algorithm | BatchedAlgorithm, envs: VectorEnv | Sequence[Ve
         if isinstance(parts, BatchedPPOParts) and isinstance(algo, BatchedPPO):
             return _accelerate_seeds(algo, parts, envs)
         return []
+    return _accelerate_one(cast(Algorithm, algo), parts, cfg, envs) + _cartpole_arrays(envs)
+
+
+def _accelerate_one(algo: Algorithm, parts: object, cfg: Any, envs: VectorEnv) -> list[str]:
     # PPO's and A2C's parts come with the rest of PPO and A2C, which their accelerations read (rollout, model, cfg).
     if isinstance(parts, PPOParts) and isinstance(algo, PPO):
         return _accelerate_ppo(algo, parts, envs)
@@ -76,6 +82,21 @@ def accelerate(algo: Algorithm | BatchedAlgorithm, envs: VectorEnv | Sequence[Ve
         _flat_adam(parts, cfg.lr, cfg.adam_eps)
         return ["flat Adam"]
     return []
+
+
+# From how many CartPoles a step as arrays costs less than a Python step per env: its numpy calls cost about as much
+# as three envs' steps, whatever the number of envs (bench/env_throughput.py's "arrays" rows).
+ARRAYS_FROM = 4
+
+
+def _cartpole_arrays(envs: VectorEnv) -> list[str]:
+    """In-process CartPoles, from ARRAYS_FROM of them, stepped as arrays (one numpy expression for all envs instead of
+    a Python step per env and wrapper), their env objects kept for every other command. Checked against the envs' own
+    step on the first step and the first that ends an episode."""
+    if type(envs) is not SyncEnvs or envs.num_envs < ARRAYS_FROM or not coverable(envs.envs):
+        return []
+    envs.run_command = CartPoleArrays(envs.envs).rows(0, envs.num_envs)
+    return ["CartPole stepped as arrays"]
 
 
 def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
@@ -139,6 +160,11 @@ def _accelerate_seeds(batch: BatchedPPO, parts: BatchedPPOParts, envs: Sequence[
         # S vector steps and their join: the per-step calls that do not grow with the envs are made once, not S times.
         parts.join_envs = join_envs
         applied.append("seeds' envs stepped as one")
+    if all_cartpoles(envs) and sum(e.num_envs for e in envs) >= ARRAYS_FROM:
+        # As for one run's CartPoles (_cartpole_arrays), all seeds' at once: each env keeps its own generator, so a
+        # seed's episodes are its single run's.
+        parts.join_envs = join_cartpoles
+        applied.append("CartPoles stepped as arrays")
     fused = fusable_batch(model)
     if fused:
         # One autograd node per minibatch for all seeds (hand-written gradient), as the fused PPO loss for one.

@@ -12,7 +12,8 @@ import numpy as np
 
 from rlrun.algos.batched_ppo import JoinedEnvs, Stepping
 from rlrun.envs.protocol import StepResult, VectorEnv
-from rlrun.envs.sync import SyncEnvs, env_buffers, run_command, step_results
+from rlrun.envs.sync import SyncEnvs, env_buffers, step_results
+from rlrun.fast.cartpole_arrays import CartPoleArrays, coverable
 
 
 @runtime_checkable
@@ -42,42 +43,77 @@ class JoinedSyncEnvs:
     """A drop-in for JoinedEnvs where all_in_process holds. A seed whose envs raise is failed through its guard (or,
     unguarded, the error goes up), as its own SyncEnvs' step would have it, and the other seeds' envs step on."""
 
-    def __init__(self, envs: Sequence[VectorEnv]) -> None:
+    def __init__(self, envs: Sequence[VectorEnv], arrays: bool = False) -> None:
+        """`arrays`: the S x N envs are CartPoles (cartpole_arrays.coverable) to step as arrays, all at once."""
         synced = [_inner(e) for e in envs]
         if not all(isinstance(e, SyncEnvs) for e in synced):
             raise TypeError("JoinedSyncEnvs steps SyncEnvs (all_in_process)")
         first = synced[0]
         assert isinstance(first, SyncEnvs)
         self.n, self.num_envs = first.num_envs, first.num_envs * len(envs)
+        seeds = [e for e in synced if isinstance(e, SyncEnvs)]
+        self.arrays = CartPoleArrays([env for e in seeds for env in e.envs]) if arrays else None
+        for s, e in enumerate(seeds):  # a seed's other commands see its envs brought up to date
+            if self.arrays is not None:
+                e.run_command = self.arrays.rows(s * self.n, (s + 1) * self.n)
         self.check_finite = first.check_finite
         self.buffers = env_buffers(self.num_envs, first.single_observation_space, first.single_action_space)
         # Each seed's rows of the arrays, seen from 0 as its own SyncEnvs sees them: its errors name its own envs.
         rows = [{k: v[s * self.n : (s + 1) * self.n] for k, v in self.buffers.items()} for s in range(len(envs))]
         self.seeds = [
-            (e.envs if isinstance(e, SyncEnvs) else [], r, g if isinstance(g, Guard) else None)
+            (e, r, g if isinstance(g, Guard) else None)
             for e, r, g in zip(synced, rows, envs)
+            if isinstance(e, SyncEnvs)
         ]
 
     def step(self, actions: np.ndarray) -> StepResult:
         """All seeds' envs stepped with `actions` [S * N, ...] (env j: env j % N of seed j // N)."""
         self.buffers["actions"][:] = actions
+        infos = None if self.arrays is None else self.arrays.step(self.buffers, self.check_finite)
+        if infos is None:
+            infos = self._step_seeds()
+        else:  # all stepped at once: the stopped seeds' rows are the guard's stand-in
+            for s, (_, rows, guard) in enumerate(self.seeds):
+                if guard is not None and guard.stopped:
+                    _stand_in(rows)
+                    infos[s * self.n : (s + 1) * self.n] = [{}] * self.n
+        return step_results(self.buffers, slice(0, self.num_envs), infos)
+
+    def _step_seeds(self) -> list[dict[str, Any]]:
+        """Each seed's envs stepped by its own command, as its own SyncEnvs steps them; their infos."""
         infos: list[dict[str, Any]] = []
         for envs, rows, guard in self.seeds:
             if guard is None:
-                infos += run_command("step", None, envs, 0, rows, [0], self.check_finite)
+                infos += envs.run_command("step", None, envs.envs, 0, rows, [0], self.check_finite)
                 continue
             if not guard.stopped:
                 try:
-                    infos += run_command("step", None, envs, 0, rows, [0], self.check_finite)
+                    infos += envs.run_command("step", None, envs.envs, 0, rows, [0], self.check_finite)
                     continue
                 except Exception as e:  # what the seed's own step raised: the seed ends, the others go on
                     guard.fail(e)
-            for name in ("obs", "rewards", "terminated", "truncated"):  # the guard's stand-in
-                rows[name][:] = 0
+            _stand_in(rows)
             infos += [{}] * self.n
-        return step_results(self.buffers, slice(0, self.num_envs), infos)
+        return infos
+
+
+def _stand_in(rows: dict[str, np.ndarray]) -> None:
+    """A stopped seed's step: zero observations, no reward and no episode end."""
+    for name in ("obs", "rewards", "terminated", "truncated"):
+        rows[name][:] = 0
 
 
 def join_envs(envs: Sequence[VectorEnv]) -> Stepping:
     """BatchedPPOParts.join_envs: JoinedSyncEnvs where every seed's envs are in-process SyncEnvs, else JoinedEnvs."""
     return JoinedSyncEnvs(envs) if all_in_process(envs) else JoinedEnvs(envs)
+
+
+def join_cartpoles(envs: Sequence[VectorEnv]) -> Stepping:
+    """BatchedPPOParts.join_envs where every seed's envs are in-process CartPoles (all_cartpoles): stepped as arrays."""
+    return JoinedSyncEnvs(envs, arrays=True)
+
+
+def all_cartpoles(envs: Sequence[VectorEnv]) -> bool:
+    """Whether all_in_process holds and the seeds' envs are CartPoles that CartPoleArrays steps."""
+    synced = [_inner(e) for e in envs]
+    return all_in_process(envs) and coverable([env for e in synced if isinstance(e, SyncEnvs) for env in e.envs])

@@ -110,6 +110,20 @@ def _gymnasium_add_info() -> None:
     assert out["episode"]["r"][1] == 1.5
 
 
+def _cartpole_counters() -> None:
+    """The attributes CartPoleArrays keeps as arrays and writes back: TimeLimit's step count and limit, CartPoleEnv's
+    reward variant, counted as their own steps count them."""
+    from rlrun.config import EnvConfig
+    from rlrun.envs import make_env
+
+    env = make_env(EnvConfig(kwargs={"sutton_barto_reward": True}), train=True)()
+    env.reset(seed=0)
+    env.step(0)
+    limit, cart = env.env, env.unwrapped
+    assert (limit._elapsed_steps, limit._max_episode_steps, cart._sutton_barto_reward) == (1, 500, True)
+    assert (env.episode_lengths, env.episode_returns, cart.steps_beyond_terminated) == (1, 0.0, None)
+
+
 PRIVATE_APIS = [
     PrivateApi(
         "torch._fused_adam_",
@@ -173,6 +187,13 @@ PRIVATE_APIS = [
         "rlrun/envs/sync.py",
         "per-env infos batched exactly as gymnasium's vector envs batch them",
         _gymnasium_add_info,
+    ),
+    PrivateApi(
+        "TimeLimit._elapsed_steps, _max_episode_steps; CartPoleEnv._sutton_barto_reward",
+        "gymnasium",
+        "rlrun/fast/cartpole_arrays.py",
+        "CartPoles stepped as arrays keep the wrappers' counters and the reward variant as their own steps do",
+        _cartpole_counters,
     ),
 ]
 
