@@ -273,6 +273,7 @@ class BatchedPPOParts:
     policy: BatchedActing  # what acts while collecting: the BatchedActorCritic
     join_envs: Callable[[Sequence[VectorEnv]], Stepping]  # the seeds' vector envs as one: JoinedEnvs
     draw_noise: DrawNoise  # a rollout's acting noise from the seeds' generators: draw_rollout_noise
+    step_seeds: Callable[[Tensor | None], None]  # the optimizer step of the active seeds [S] (bool): SeedSteps.step
 
 
 class BatchedPPO:
@@ -301,15 +302,16 @@ class BatchedPPO:
         self.cfg = replace(seeds[0].cfg, fast=fast)
         self.S, self.N, self.device = len(seeds), seeds[0].num_envs, seeds[0].device
         self.model = BatchedActorCritic(self._networks())
+        # Each seed's own optimizer (PPO's declared part, as its single run makes it) over its slices of the stack.
+        make = seeds[0].parts.make_optimizer
+        self.optimizer = SeedSteps(self.model.seed_parameters(), make)
         self.parts = BatchedPPOParts(
             learner=BatchedPPOLearner(self.model, self.cfg),
             policy=self.model,
             join_envs=JoinedEnvs,
             draw_noise=draw_rollout_noise,
+            step_seeds=self.optimizer.step,
         )
-        # Each seed's own optimizer (PPO's declared part, as its single run makes it) over its slices of the stack.
-        make = seeds[0].parts.make_optimizer
-        self.optimizer = SeedSteps(self.model.seed_parameters(), make)
         for s, a in enumerate(seeds):  # each seed's optimizer becomes its share of the stack's
             if "optimizer" in vars(a):
                 raise ValueError("a seed's optimizer was built before the batch: its state would be left behind")
@@ -522,7 +524,7 @@ class BatchedPPO:
                 failed[s] = nonfinite_error(float(norms[s]), "the PPO gradient norm")
             self.running &= ~broken
             active &= ~broken
-        self.optimizer.step(active)
+        self.parts.step_seeds(active)
         return stats
 
 

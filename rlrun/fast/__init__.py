@@ -47,6 +47,7 @@ from rlrun.fast.selfcheck import (
     CheckedPolicy,
     CheckedQTargets,
 )
+from rlrun.fast.stacked_adam import SeedsAdamStep
 from rlrun.fast.worker_acting import RayActing, WorkerActing
 from rlrun.models import ActorCritic, trainable
 from rlrun.models.encoders import NatureCNN
@@ -178,6 +179,11 @@ def _accelerate_seeds(batch: BatchedPPO, parts: BatchedPPOParts, envs: Sequence[
         # torch operator. Checked against BatchedActorCritic.act on the first step.
         parts.policy = CheckedBatchedPolicy(BatchedNumpyPolicy(model), parts.policy)
         applied.append("batched numpy acting")
+    if SeedsAdamStep.applies(batch.optimizer):
+        # The seeds' Adam steps as one call of the fused kernel over the stacked parameters, not torch.optim's step
+        # over their S x J slices (each with its own bookkeeping): the same kernel, so the same numbers.
+        parts.step_seeds = SeedsAdamStep(batch.optimizer)
+        applied.append("seeds' Adam in one call")
     if model.kind == "categorical" and all(g.device.type == "cpu" for g in batch.noise_generators):
         # A rollout's noise in one draw per seed instead of one per seed and step (torch's CPU exponential kernel
         # draws element by element). Checked against the step by step draws at the first rollout.

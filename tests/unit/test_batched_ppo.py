@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlrun.algos.batched_ppo import BatchedActorCritic, BatchedPPOLearner, JoinedEnvs, draw_rollout_noise
+from rlrun.algos.batched_ppo import BatchedActorCritic, BatchedPPOLearner, JoinedEnvs, draw_rollout_noise, layout_ties
 from rlrun.algos.ppo import PPO, PPOConfig
 from rlrun.algos.stacked import SeedSteps, clip_grad_norm_per_seed, normalize_per_seed
 from rlrun.config import EnvConfig, ModelConfig
@@ -377,3 +377,45 @@ def test_a_rollouts_noise_drawn_at_once_is_the_step_by_step_draws_and_leaves_the
         atol=0,
     )
     assert all(torch.equal(g.get_state(), c.get_state()) for g, c in zip(generators, copies))
+
+
+def test_the_seeds_adam_in_one_call_steps_as_seed_steps_to_the_bit():
+    """SeedsAdamStep (the fused kernel over the active seeds' slices) against SeedSteps.step (torch.optim's Adam over
+    them), side by side from the first step: seeds sitting steps out, and one seed's optimizer state reloaded from its
+    checkpoint form half-way (as a resume loads it): the same weights, and the same checkpoint state, to the bit."""
+    from rlrun.algos.stacked import SeedOptimizer
+    from rlrun.fast.stacked_adam import SeedsAdamStep
+
+    def stack():
+        torch.manual_seed(0)
+        models = [build_actor_critic(ModelConfig(), gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3)) for _ in "abc"]
+        model = BatchedActorCritic(models)
+        steps = SeedSteps(model.seed_parameters(), lambda ps: torch.optim.Adam(ps, lr=1e-3, eps=1e-5))
+        shares = [SeedOptimizer(steps, layout_ties(model, model.layouts, s, m), list(m.parameters())) for s, m in
+                  enumerate(models)]  # fmt: skip
+        return steps, shares
+
+    (reference, ref_shares), (steps, shares) = stack(), stack()
+    fast = SeedsAdamStep(steps)
+    assert SeedsAdamStep.applies(steps)
+    draws = torch.Generator().manual_seed(1)
+    for t in range(12):
+        grads = [torch.randn(p.shape, generator=draws) for p in reference.params]
+        active = torch.tensor([True, t not in (0, 5, 6), t != 9])  # seed 1's first step comes after the others'
+        if t == 7:  # seed 2's state through its checkpoint form, into both
+            saved = ref_shares[2].state_dict()
+            ref_shares[2].load_state_dict(saved)
+            shares[2].load_state_dict(saved)
+        for st, step in ((reference, reference.step), (steps, fast)):
+            st.zero_grad()
+            for p, g in zip(st.params, grads, strict=True):
+                p.grad = g.clone()
+            step(active)
+        assert all(torch.equal(a, b) for a, b in zip(reference.params, steps.params, strict=True)), t
+    for ours, theirs in zip(shares, ref_shares, strict=True):
+        a, b = ours.state_dict(), theirs.state_dict()
+        assert a["state"].keys() == b["state"].keys()
+        for i in b["state"]:
+            assert all(torch.equal(a["state"][i][k], v) for k, v in b["state"][i].items())
+    assert fast.counts.tolist() == [[12.0] * 8, [9.0] * 8, [11.0] * 8]  # its own counts: the kernel took the steps
+    assert not SeedsAdamStep.applies(SeedSteps(reference.params, lambda ps: torch.optim.RMSprop(ps)))

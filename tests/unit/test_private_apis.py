@@ -128,8 +128,9 @@ PRIVATE_APIS = [
     PrivateApi(
         "torch._fused_adam_",
         "torch",
-        "rlrun/fast/flat_adam.py",
-        "the kernel behind Adam(fused=True), called on one flat buffer: a few calls per step for the whole model",
+        "rlrun/fast/flat_adam.py, rlrun/fast/stacked_adam.py",
+        "the kernel behind Adam(fused=True), called on one flat buffer (or a batch's slices) without torch.optim's "
+        "per-tensor bookkeeping",
         _fused_adam,
     ),
     PrivateApi(
