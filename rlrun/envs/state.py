@@ -68,7 +68,8 @@ def _decode_into(obj: Any, name: str, enc: dict[str, Any]) -> None:
         setattr(obj, name, type(current)(value) if isinstance(current, np.generic) else value)
 
 
-def _layers(env: gym.Env) -> list[Any]:
+def wrapper_layers(env: gym.Env) -> list[Any]:
+    """`env` and each env it wraps, outermost first."""
     layers = [env]
     while hasattr(layers[-1], "env"):
         layers.append(layers[-1].env)
@@ -100,10 +101,10 @@ def _load_layer(layer: Any, state: dict[str, Any]) -> None:
 
 def env_state(env: gym.Env) -> list[Any] | None:
     """Plain-data state of every wrapper layer of `env`, or None when it is not restorable."""
-    return [_layer_state(layer) for layer in _layers(env)] if restorable(env) else None
+    return [_layer_state(layer) for layer in wrapper_layers(env)] if restorable(env) else None
 
 
 def load_env_state(env: gym.Env, state: list[Any]) -> None:
     """Overwrite the state of `env` (built from the same config, already reset) with a saved one."""
-    for layer, layer_state in zip(_layers(env), state, strict=True):
+    for layer, layer_state in zip(wrapper_layers(env), state, strict=True):
         _load_layer(layer, layer_state)

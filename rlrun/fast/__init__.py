@@ -180,8 +180,8 @@ def _accelerate_seeds(batch: BatchedPPO, parts: BatchedPPOParts, envs: Sequence[
         parts.policy = CheckedBatchedPolicy(BatchedNumpyPolicy(model), parts.policy)
         applied.append("batched numpy acting")
     if SeedsAdamStep.applies(batch.optimizer):
-        # The seeds' Adam steps as one call of the fused kernel over the stacked parameters, not torch.optim's step
-        # over their S x J slices (each with its own bookkeeping): the same kernel, so the same numbers.
+        # The seeds' Adam steps as one call of torch.optim's fused kernel over the active seeds' S x J slices,
+        # without torch.optim's per-tensor bookkeeping around it: the same kernel, so the same numbers.
         parts.step_seeds = SeedsAdamStep(batch.optimizer)
         applied.append("seeds' Adam in one call")
     if model.kind == "categorical" and all(g.device.type == "cpu" for g in batch.noise_generators):

@@ -22,7 +22,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from gymnasium.wrappers import OrderEnforcing, RecordEpisodeStatistics, TimeLimit
 
-from rlrun.envs.state import env_state, load_env_state
+from rlrun.envs.state import env_state, load_env_state, wrapper_layers
 from rlrun.envs.sync import RunCommand, autoreset, run_command
 from rlrun.fast.selfcheck import steps_aside
 
@@ -43,20 +43,13 @@ PHYSICS = (
 )
 
 
-def _layers(env: gym.Env) -> list[Any]:
-    layers = [env]
-    while hasattr(layers[-1], "env"):
-        layers.append(layers[-1].env)
-    return layers
-
-
 def _physics(env: gym.Env) -> tuple[Any, ...]:
-    return (*(getattr(env.unwrapped, name) for name in PHYSICS), _layers(env)[1]._max_episode_steps)
+    return (*(getattr(env.unwrapped, name) for name in PHYSICS), wrapper_layers(env)[1]._max_episode_steps)
 
 
 def _parts(env: gym.Env) -> tuple[RecordEpisodeStatistics, TimeLimit, CartPoleEnv]:
     """The layers of a coverable env whose state the arrays keep: its statistics, its time limit, its physics."""
-    stats, limit, _, cart = _layers(env)
+    stats, limit, _, cart = wrapper_layers(env)
     return stats, limit, cart
 
 
@@ -65,7 +58,7 @@ def coverable(envs: list[gym.Env]) -> bool:
     subclass), not rendering, with the same physics and time limit."""
     return (
         bool(envs)
-        and all(tuple(map(type, _layers(e))) == LAYERS and e.unwrapped.render_mode is None for e in envs)
+        and all(tuple(map(type, wrapper_layers(e))) == LAYERS and e.unwrapped.render_mode is None for e in envs)
         and len({_physics(e) for e in envs}) == 1
     )
 

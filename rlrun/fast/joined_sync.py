@@ -53,8 +53,8 @@ class JoinedSyncEnvs:
         self.n, self.num_envs = first.num_envs, first.num_envs * len(envs)
         seeds = [e for e in synced if isinstance(e, SyncEnvs)]
         self.arrays = CartPoleArrays([env for e in seeds for env in e.envs]) if arrays else None
-        for s, e in enumerate(seeds):  # a seed's other commands see its envs brought up to date
-            if self.arrays is not None:
+        if self.arrays is not None:  # a seed's other commands see its envs brought up to date
+            for s, e in enumerate(seeds):
                 e.run_command = self.arrays.rows(s * self.n, (s + 1) * self.n)
         self.check_finite = first.check_finite
         self.buffers = env_buffers(self.num_envs, first.single_observation_space, first.single_action_space)
