@@ -32,10 +32,15 @@ def _inner(envs: VectorEnv) -> VectorEnv:
     return envs.envs if isinstance(envs, Guard) else envs
 
 
+def _synced(envs: Sequence[VectorEnv]) -> list[SyncEnvs]:
+    """The seeds' vector envs that are SyncEnvs, guarded or not, in order (all of them where all_in_process holds)."""
+    return [e for e in map(_inner, envs) if isinstance(e, SyncEnvs)]
+
+
 def all_in_process(envs: Sequence[VectorEnv]) -> bool:
     """Whether every seed's vector env is a SyncEnvs (whose envs this process steps itself; guarded or not), all alike
     in size and checks."""
-    synced = [e for e in map(_inner, envs) if isinstance(e, SyncEnvs) and type(e) is SyncEnvs]  # not a subclass
+    synced = [e for e in _synced(envs) if type(e) is SyncEnvs]  # not a subclass
     return len(synced) == len(envs) and len({(e.num_envs, e.check_finite) for e in synced}) == 1
 
 
@@ -45,13 +50,11 @@ class JoinedSyncEnvs:
 
     def __init__(self, envs: Sequence[VectorEnv], arrays: bool = False) -> None:
         """`arrays`: the S x N envs are CartPoles (cartpole_arrays.coverable) to step as arrays, all at once."""
-        synced = [_inner(e) for e in envs]
-        if not all(isinstance(e, SyncEnvs) for e in synced):
+        seeds = _synced(envs)
+        if len(seeds) != len(envs):
             raise TypeError("JoinedSyncEnvs steps SyncEnvs (all_in_process)")
-        first = synced[0]
-        assert isinstance(first, SyncEnvs)
+        first = seeds[0]
         self.n, self.num_envs = first.num_envs, first.num_envs * len(envs)
-        seeds = [e for e in synced if isinstance(e, SyncEnvs)]
         self.arrays = CartPoleArrays([env for e in seeds for env in e.envs]) if arrays else None
         if self.arrays is not None:  # a seed's other commands see its envs brought up to date
             for s, e in enumerate(seeds):
@@ -60,11 +63,7 @@ class JoinedSyncEnvs:
         self.buffers = env_buffers(self.num_envs, first.single_observation_space, first.single_action_space)
         # Each seed's rows of the arrays, seen from 0 as its own SyncEnvs sees them: its errors name its own envs.
         rows = [{k: v[s * self.n : (s + 1) * self.n] for k, v in self.buffers.items()} for s in range(len(envs))]
-        self.seeds = [
-            (e, r, g if isinstance(g, Guard) else None)
-            for e, r, g in zip(synced, rows, envs)
-            if isinstance(e, SyncEnvs)
-        ]
+        self.seeds = [(e, r, g if isinstance(g, Guard) else None) for e, r, g in zip(seeds, rows, envs)]
 
     def step(self, actions: np.ndarray) -> StepResult:
         """All seeds' envs stepped with `actions` [S * N, ...] (env j: env j % N of seed j // N)."""
@@ -115,5 +114,4 @@ def join_cartpoles(envs: Sequence[VectorEnv]) -> Stepping:
 
 def all_cartpoles(envs: Sequence[VectorEnv]) -> bool:
     """Whether all_in_process holds and the seeds' envs are CartPoles that CartPoleArrays steps."""
-    synced = [_inner(e) for e in envs]
-    return all_in_process(envs) and coverable([env for e in synced if isinstance(e, SyncEnvs) for env in e.envs])
+    return all_in_process(envs) and coverable([env for e in _synced(envs) for env in e.envs])
