@@ -100,8 +100,13 @@ def start(folder: Path) -> dict[str, str]:
 
 
 def stop(folder: Path, env: dict[str, str]) -> None:
-    """Cancel what is still queued, then end the daemons this folder's pid files name (and wait for them)."""
+    """Cancel what is still queued and wait for its steps to end, then end the daemons this folder's pid files name
+    (and wait for them). A job step whose slurmd is gone cannot report its end and retries forever: one left over is
+    killed."""
     subprocess.run(["scancel", "--full", "--user=root"], env=env, capture_output=True, timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _job_steps(env["SLURM_CONF"]):
+        time.sleep(0.2)
     for name in reversed(DAEMONS):
         pid_file = folder / f"{name}.pid"
         if not pid_file.exists():
@@ -116,6 +121,21 @@ def stop(folder: Path, env: dict[str, str]) -> None:
             time.sleep(0.1)
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
+    for pid in _job_steps(env["SLURM_CONF"]):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _job_steps(conf: str) -> list[int]:
+    """The live slurmstepd processes of the SLURM configured by `conf` (each carries its SLURM_CONF)."""
+    steps = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "slurmstepd" and _alive(int(proc.name)):
+                if f"SLURM_CONF={conf}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    steps.append(int(proc.name))
+        except (OSError, ProcessLookupError):  # ended while read
+            continue
+    return steps
 
 
 def _alive(pid: int) -> bool:
