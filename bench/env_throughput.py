@@ -3,7 +3,8 @@ workers; native: the env's own vectorized implementation; ray with --ray; and fo
 arrays, rlrun/fast/cartpole_arrays.py, as the accelerations step them) on Breakout and CartPole, pinned to 1 core
 and to 2 (os.sched_setaffinity: the backend gets that many workers or threads), beside gymnasium's SyncVectorEnv and
 AsyncVectorEnv (the peers, in this invocation). Ratios are against gymnasium's SyncVectorEnv on the same cores.
-Then PPO end to end on Breakout (collect and update per iteration) on subproc (acting in the workers) and native.
+Then CartPole as arrays against native in alternating rounds (what env.vector.backend=auto weighs), and PPO end to end
+on Breakout (collect and update per iteration) on subproc (acting in the workers) and native.
 
     .venv/bin/python bench/env_throughput.py [--seconds 3] [--only breakout|cartpole] [--ppo-iterations 3] [--ray]
 """
@@ -27,9 +28,10 @@ from rlrun.fast.cartpole_arrays import CartPoleArrays
 
 BREAKOUT = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig())
 CARTPOLE = EnvConfig(id="CartPole-v1")
-# (name, env, number of envs): Breakout as PPO trains it (8 envs), CartPole at 2, CleanRL's 4, 16 and 32 (a batch of 8
+# (name, env, number of envs): Breakout as PPO trains it (8 envs), CartPole at 2, CleanRL's 4, 8 (where auto
+# turns to native without the arrays), 16 and 32 (a batch of 8
 # seeds of 4 envs: rlrun/seeds.py).
-CASES = [("breakout", BREAKOUT, 8), *(("cartpole", CARTPOLE, n) for n in (2, 4, 16, 32))]
+CASES = [("breakout", BREAKOUT, 8), *(("cartpole", CARTPOLE, n) for n in (2, 4, 8, 16, 32))]
 PEER = "gymnasium SyncVectorEnv"
 ARRAYS = "rlrun sync, CartPole as arrays"
 
@@ -135,6 +137,36 @@ def ppo_end_to_end(iterations: int) -> None:
         print(f"| {label} | {c / iterations:.2f} | {u / iterations:.2f} | {sps:.0f} | {base / (c + u):.2f}x |")
 
 
+def arrays_against_native(seconds: float, rounds: int = 5) -> None:
+    """What env.vector.backend=auto weighs for CartPole when the accelerations step in-process CartPoles as arrays:
+    the arrays against native at 8, 16 and 32 envs on 1 core, rounds alternating the two (median steps/s), under
+    random actions (an episode ends every 20-odd steps, so resets weigh) and a balancing policy (long episodes, as
+    once an agent learns)."""
+    os.sched_setaffinity(0, [0])
+    labels = [ARRAYS, "rlrun native"]
+    print("\n| policy | envs | arrays steps/s | native steps/s | arrays / native |\n|---|---|---|---|---|")
+    for policy in ("random", "balancing"):
+        for n in (8, 16, 32):
+            envs = {label: build(label, CARTPOLE, n, 1) for label in labels}
+            rates: dict[str, list[float]] = {label: [] for label in labels}
+            for r in range(rounds):
+                for label in labels if r % 2 == 0 else labels[::-1]:
+                    rates[label].append(_policy_rate(envs[label], n, policy, seconds))
+            arrays, native = (float(np.median(rates[label])) for label in labels)
+            print(f"| {policy} | {n} | {arrays:,.0f} | {native:,.0f} | {arrays / native:.2f}x |")
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+
+
+def _policy_rate(envs: Any, n: int, policy: str, seconds: float) -> float:
+    obs, rng = envs.reset(seed=list(range(n)))[0], np.random.default_rng(0)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        actions = rng.integers(0, 2, n) if policy == "random" else (obs[:, 3] > 0).astype(np.int64)
+        obs = envs.step(actions)[0]
+        steps += 1
+    return steps * n / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -148,6 +180,8 @@ def main() -> None:
     labels += ["rlrun ray"] if args.ray else []
     print(f"load average before: {os.getloadavg()}")
     print_table(measure(labels, args.seconds), labels)
+    if args.only != "breakout":
+        arrays_against_native(min(args.seconds, 1.0))
     if args.ppo_iterations and args.only != "cartpole":
         ppo_end_to_end(args.ppo_iterations)
     print(f"load average after: {os.getloadavg()}")

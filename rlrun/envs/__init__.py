@@ -299,11 +299,11 @@ def make_env(
 
 
 def make_vector_env(
-    cfg: EnvConfig, num_envs: int, train: bool = True, seeds: list[int] | None = None
+    cfg: EnvConfig, num_envs: int, train: bool = True, seeds: list[int] | None = None, arrays: bool = False
 ) -> SyncEnvs | WorkerPool | RayEnvs | NativeEnvs:
     """`num_envs` copies of the configured env, in-process (backend sync), in forked workers (subproc), in Ray
     actors (ray), or in the env's own vectorized implementation (native); auto picks one (vector_backend).
-    `seeds`: those of the first reset, when known (make_env says why).
+    `seeds`: those of the first reset, when known (make_env says why); `arrays`: as vector_backend's.
     Autoreset happens in the same step (the final observation of a finished episode is in
     info["final_obs"]), so every transition in a rollout is a real one."""
     from rlrun.envs.pool import WorkerPool
@@ -311,7 +311,7 @@ def make_vector_env(
 
     import_env_modules(cfg.imports)
     check_env_id(cfg.id)
-    backend, _ = vector_backend(cfg)
+    backend, _ = vector_backend(cfg, arrays)
     if backend == "native":
         from rlrun.envs.native import make_native
 
@@ -330,12 +330,13 @@ def make_vector_env(
     return SyncEnvs(fns, cfg.check_finite)
 
 
-def vector_backend(cfg: EnvConfig) -> tuple[str, str]:
-    """The backend that steps `cfg`'s envs, and why (rlrun/envs/backends.py: auto's table, native's envs)."""
+def vector_backend(cfg: EnvConfig, arrays: bool = False) -> tuple[str, str]:
+    """The backend that steps `cfg`'s envs, and why (rlrun/envs/backends.py: auto's table, native's envs). `arrays`:
+    whether the run's accelerations would step them as arrays in-process (auto weighs it for CartPole)."""
     atari = atari_config(cfg)
     if atari is not None:
         _register_ale()
-    return choose_backend(cfg, atari)
+    return choose_backend(cfg, atari, arrays)
 
 
 def env_seeds(seed: int, rank: int, num_envs: int, stream: int = 0) -> list[int]:

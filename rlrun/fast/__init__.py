@@ -23,6 +23,9 @@ from rlrun.algos.dqn import DQN, DQNParts
 from rlrun.algos.parts import OptimizerParts
 from rlrun.algos.ppo import PPO, PPOLearner, PPOParts
 from rlrun.algos.protocol import Algorithm, VectorEnv
+from rlrun.config import TrainConfig
+from rlrun.envs import atari_config, make_env
+from rlrun.envs.backends import native_kind
 from rlrun.envs.pool import WorkerPool
 from rlrun.envs.ray_envs import RayEnvs
 from rlrun.envs.sync import SyncEnvs
@@ -98,6 +101,19 @@ def _cartpole_arrays(envs: VectorEnv) -> list[str]:
         return []
     envs.run_command = CartPoleArrays(envs.envs).rows(0, envs.num_envs)
     return ["CartPole stepped as arrays"]
+
+
+def cartpoles_as_arrays(cfg: TrainConfig) -> bool:
+    """Whether _cartpole_arrays would step this run's training envs were they in-process: what env.vector.backend=auto
+    weighs for CartPole (rlrun/envs/backends.py), before any env exists. Builds one env, for CartPole only."""
+    env_cfg = cfg.env
+    if not cfg.algo.fast or env_cfg.num_envs < ARRAYS_FROM or native_kind(env_cfg, atari_config(env_cfg)) != "cartpole":
+        return False
+    env = make_env(env_cfg, train=True)()
+    try:
+        return coverable([env])
+    finally:
+        env.close()
 
 
 def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:

@@ -21,7 +21,7 @@ from rlrun.config import ModelConfig, TrainConfig, convolutional
 from rlrun.distributed import RankContext
 from rlrun.envs import env_seeds, frame_stack, make_vector_env, vector_backend
 from rlrun.evaluation import Evaluator, NullEvaluator
-from rlrun.fast import accelerate
+from rlrun.fast import accelerate, cartpoles_as_arrays
 from rlrun.logger import NullLogger, RunLogger
 from rlrun.run_folder import run_dir_of
 from rlrun.run_record import RunRecord
@@ -95,8 +95,10 @@ def open_parts(run: Run) -> LocalParts:
     torch op or TensorBoard's writer thread: a fork after those can hang the child), the evaluator, the logger and
     the checkpointer: real ones on the main rank, stand-ins that do nothing on the others."""
     cfg, ctx = run.cfg, run.ctx
-    _announce_envs(cfg, ctx)
-    envs = make_vector_env(cfg.env, cfg.env.num_envs, True, env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))
+    arrays = cfg.env.vector.backend == "auto" and cartpoles_as_arrays(cfg)  # what auto weighs for CartPole
+    _announce_envs(cfg, ctx, arrays)
+    seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs)
+    envs = make_vector_env(cfg.env, cfg.env.num_envs, True, seeds, arrays)
     evaluator = Evaluator(cfg, ctx.device) if ctx.is_main else NullEvaluator()
     logger = open_logger(run) if ctx.is_main else NullLogger()
     evaluator.report_to(logger)  # only now: the bar's thread must not run while eval workers fork
@@ -168,10 +170,10 @@ def open_logger(run: Run) -> RunLogger:
     return logger
 
 
-def _announce_envs(cfg: TrainConfig, ctx: RankContext) -> None:
+def _announce_envs(cfg: TrainConfig, ctx: RankContext, arrays: bool) -> None:
     """The main rank says which backend env.vector.backend=auto chose and why, and what it starts when starting it
     takes seconds (worker processes, Ray), before the logger exists: its bar must not run while env workers fork."""
-    backend, why = vector_backend(cfg.env)
+    backend, why = vector_backend(cfg.env, arrays)
     if ctx.is_main and cfg.env.vector.backend == "auto":
         log.info("env.vector.backend=auto: %s for %s (%s)", backend, cfg.env.id, why)
     if ctx.is_main and cfg.logging.progress != "none" and backend in ("subproc", "ray"):

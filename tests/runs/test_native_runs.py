@@ -41,12 +41,19 @@ def test_a_resume_onto_another_kind_of_env_state_starts_fresh_episodes(tmp_path)
         assert final_state(run)["env_steps"] == to
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_auto_says_which_backend_it_chose_and_why(tmp_path):
-    out = rlrun("train", f"hydra.run.dir={tmp_path / 'run'}", "env.vector.backend=auto", *SMALL, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    chosen = "env.vector.backend=auto: native for CartPole-v1 (numpy steps all envs in one array"
-    assert chosen in out.stdout + out.stderr
+    """CartPole's 8 envs: in-process where the accelerations step them as arrays, native with algo.fast=false."""
+    for fast, chosen, arrays in (
+        ("true", "sync for CartPole-v1 (in-process, where the accelerations step CartPoles as arrays", True),
+        ("false", "native for CartPole-v1 (numpy steps all envs in one array", False),
+    ):
+        run = f"hydra.run.dir={tmp_path / fast}"
+        out = rlrun("train", run, "env.vector.backend=auto", f"algo.fast={fast}", *SMALL, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        said = out.stdout + out.stderr
+        assert f"env.vector.backend=auto: {chosen}" in said
+        assert ("CartPole stepped as arrays" in said) is arrays
 
 
 @pytest.mark.slow

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from rlrun.config import AtariConfig, EnvConfig, VectorConfig
+from rlrun.algos.configs import PPOConfig
+from rlrun.config import AtariConfig, EnvConfig, TrainConfig, VectorConfig
 from rlrun.envs import make_env, make_vector_env, vector_backend
 from rlrun.errors import NonFiniteError, UserError
+from rlrun.fast import cartpoles_as_arrays
 
 NATIVE = VectorConfig(backend="native")
 
@@ -133,6 +135,28 @@ def test_auto_picks_native_for_cartpole_from_8_envs_subproc_for_ale_games_and_sy
     assert vector_backend(EnvConfig(id="ALE/Pong-v5", vector=auto))[0] == "subproc"
     assert vector_backend(EnvConfig(id="Acrobot-v1", vector=auto))[0] == "sync"
     assert vector_backend(EnvConfig(id="ALE/Pong-v5", kwargs={"mode": 1}, vector=auto))[0] == "subproc"
+
+
+def test_auto_keeps_cartpoles_in_process_where_the_accelerations_step_them_as_arrays():
+    """The arrays step 8 to 32 CartPoles about as fast as native while episodes are short and 1.4x once they are long
+    (bench/env_throughput.py), each env with its own episodes: auto picks sync where they would apply, native where
+    they would not."""
+    auto = VectorConfig(backend="auto")
+    for n in (8, 32):
+        backend, why = vector_backend(EnvConfig(id="CartPole-v1", num_envs=n, vector=auto), arrays=True)
+        assert (backend, "the accelerations step CartPoles as arrays" in why) == ("sync", True)
+        assert vector_backend(EnvConfig(id="CartPole-v1", num_envs=n, vector=auto))[0] == "native"
+    assert vector_backend(EnvConfig(id="Acrobot-v1", num_envs=8, vector=auto), arrays=True)[0] == "sync"
+
+    def as_arrays(fast: bool = True, **env: object) -> bool:
+        settings: dict = {"id": "CartPole-v1", "num_envs": 8, "vector": auto} | env
+        return cartpoles_as_arrays(TrainConfig(algo=PPOConfig(fast=fast), env=EnvConfig(**settings)))
+
+    assert as_arrays()
+    assert not as_arrays(fast=False)  # the reference steps each env by itself: native is the faster then
+    assert not as_arrays(num_envs=2)  # below ARRAYS_FROM the arrays do not apply
+    assert not as_arrays(id="Acrobot-v1")
+    assert not as_arrays(kwargs={"render_mode": "rgb_array"})  # the arrays do not take rendering envs
 
 
 def frames(steps: list[np.ndarray]) -> np.ndarray:
