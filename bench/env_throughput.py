@@ -28,9 +28,8 @@ from rlrun.fast.cartpole_arrays import CartPoleArrays
 
 BREAKOUT = EnvConfig(id="ALE/Breakout-v5", atari=AtariConfig())
 CARTPOLE = EnvConfig(id="CartPole-v1")
-# (name, env, number of envs): Breakout as PPO trains it (8 envs), CartPole at 2, CleanRL's 4, 8 (where auto
-# turns to native without the arrays), 16 and 32 (a batch of 8
-# seeds of 4 envs: rlrun/seeds.py).
+# (name, env, number of envs): Breakout as PPO trains it (8 envs), CartPole at 2, CleanRL's 4, 8 (where auto turns to
+# native without the arrays), 16 and 32 (a batch of 8 seeds of 4 envs: rlrun/seeds.py).
 CASES = [("breakout", BREAKOUT, 8), *(("cartpole", CARTPOLE, n) for n in (2, 4, 8, 16, 32))]
 PEER = "gymnasium SyncVectorEnv"
 ARRAYS = "rlrun sync, CartPole as arrays"
