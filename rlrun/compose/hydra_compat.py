@@ -79,7 +79,9 @@ def error_line(ex: Exception, defaults: DictConfig) -> str:
     if isinstance(ex, MissingConfigException) and ex.missing_cfg_file and "/" in ex.missing_cfg_file:
         group, name = ex.missing_cfg_file.rsplit("/", 1)
         options = [o for o in (ex.options or []) if not o.endswith("_schema")]
-        return f"unknown {group} '{name}'; choose one of: {', '.join(options)}"
+        # env= names a config in conf/env/, not a gymnasium id: a new user's first try is often env=MountainCar-v0
+        other = f", or any registered gymnasium env with env.id={name}" if group == "env" else ""
+        return f"unknown {group} '{name}'; choose one of: {', '.join(options)}{other}"
     if isinstance(ex, OverrideParseException):
         return f"cannot parse override: {str(ex).splitlines()[0]}"
     text = str(ex).splitlines()[0]

@@ -30,6 +30,7 @@ BAD_TRAIN = [
     (["algo=dqn", "model=lstm"], "model=lstm trains with algo=ppo"),
     (["algo=dqn", "algo.replay.alpa=1"], "unknown key 'algo.replay.alpa'; did you mean algo.replay.alpha?"),
     (["env=nope"], "unknown env 'nope'; choose one of: acrobot, ant, breakout, cartpole, cartpole_masked, frozenlake"),
+    (["env=MountainCar-v0"], "walker2d, or any registered gymnasium env with env.id=MountainCar-v0"),
     (["model=nope"], "unknown model 'nope'"),
     (["algo.lrr=0.1"], "unknown key 'algo.lrr'; did you mean algo.lr?"),
     (["+algo.foo=1"], "unknown key 'algo.foo'"),
