@@ -135,6 +135,10 @@ class RunLogger:
         self._swapped: list[tuple[logging.Handler, logging.Handler]] = []
         if progress == "rich":
             self._start_bar(total_steps, start_steps)
+        if progress == "none":  # a quiet console, but train.log still says what the run did
+            for handler in logging.getLogger().handlers:
+                if type(handler) is logging.StreamHandler:
+                    handler.addFilter(_not_file_only)
 
     def _start_bar(self, total_steps: int, start_steps: int) -> None:
         console = Console()
@@ -216,8 +220,8 @@ class RunLogger:
             log.info("env_steps=%d %s", env_steps, shown)
 
     def info(self, message: str, *args: object) -> None:
-        if self.mode != "none":
-            log.info(message, *args)
+        """A line of what the run does (its start, evaluations, end): with progress=none, to train.log alone."""
+        log.info(message, *args, extra={"file_only": self.mode == "none"})
 
     def error(self, message: str, *args: object) -> None:
         log.error(message, *args)  # also with progress=none: a failure must be told
@@ -263,6 +267,11 @@ _CONSOLE_KEYS = (
     "losses/approx_kl",
     "losses/entropy",
 )
+
+
+def _not_file_only(record: logging.LogRecord) -> bool:
+    """The console's filter under progress=none: it drops RunLogger.info's lines, which train.log keeps."""
+    return not getattr(record, "file_only", False)
 
 
 def _count(n: int, noun: str) -> str:

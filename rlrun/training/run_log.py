@@ -247,4 +247,6 @@ def _eval_summary(returns: np.ndarray | None) -> dict[str, Any]:
 
 
 def _eval_text(returns: np.ndarray | None) -> str:
-    return "-" if returns is None else f"{returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episodes"
+    if returns is None:
+        return "-"
+    return f"{returns.mean():.2f} +- {returns.std():.2f} over {len(returns)} episode{'' if len(returns) == 1 else 's'}"

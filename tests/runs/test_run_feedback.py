@@ -41,6 +41,22 @@ def _log_lines(path: Path) -> list[tuple[float, str]]:
     return lines
 
 
+@pytest.mark.timeout(120)
+def test_progress_none_quiets_the_console_not_train_log(tmp_path):
+    """logging.progress=none keeps the run's lines off the console, not out of its folder: train.log still says how
+    the run started, evaluated and ended."""
+    run = tmp_path / "run"
+    out = rlrun(
+        "train", "total_steps=256", "eval.episodes=1", "logging.progress=none", f"hydra.run.dir={run}", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    messages = [m for _, m in _log_lines(run / "train.log")]
+    for start in ("run folder", "accelerations: ", "evaluating 1 episode", "eval: 1 episode in", "done: 256 env steps"):
+        assert any(m.startswith(start) for m in messages), messages
+    assert messages[-1].endswith("over 1 episode"), messages[-1]
+    assert "run folder" not in out.stdout and "done: " not in out.stdout, out.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_progress_by_time_and_an_endless_env_evaluated_to_its_cap(tmp_path):
