@@ -103,6 +103,13 @@ def _summary(folder: Path | None) -> dict[str, Any]:
     return summary if isinstance(summary, dict) else {}
 
 
+def ended_unevaluated(checkpoint: Path, env_steps: int) -> bool:
+    """Whether the run that saved `checkpoint` (at `env_steps`) stopped or failed after saving it as its final one: in
+    its final evaluation, which comes after the final checkpoint. Its run folder's summary says so at that step."""
+    summary = _summary(run_dir_of(checkpoint))
+    return summary.get("status") in ("interrupted", "failed") and summary.get("env_steps") == env_steps
+
+
 def _how_it_ended(folder: Path | None, env_steps: int) -> str:
     """Why the session that wrote the checkpoint at `env_steps` ended, from its run folder's summary."""
     summary = _summary(folder)

@@ -5,6 +5,7 @@ a resume continues in."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, cast
 
 from omegaconf import OmegaConf
@@ -56,11 +57,15 @@ def resume_folder(overrides: list[str], args: list[str]) -> list[str]:
 
 
 def _check_not_done(state: dict[str, Any], typed: TrainConfig) -> None:
-    """Resuming a run that has trained its whole budget, without a larger one, changes nothing."""
+    """Resuming a run that has trained its whole budget, without a larger one, changes nothing; unless the run ended
+    in its final evaluation (a signal, a failure), which the resume then runs, ending the run with its summary."""
+    from rlrun.run_record import ended_unevaluated
+
     per_iteration = state.get("steps_per_iteration")  # the checkpoint's; a resume to another world size may differ
     if not per_iteration:
         return
-    if state["env_steps"] >= typed.total_steps // per_iteration * per_iteration:
+    trained = state["env_steps"] >= typed.total_steps // per_iteration * per_iteration
+    if trained and not ended_unevaluated(Path(state["path"]), state["env_steps"]):
         raise NothingToDo(
             f"{state['path']} is complete at {state['env_steps']} env steps (total_steps={typed.total_steps}); "
             "nothing to do: give a larger total_steps to train it longer"

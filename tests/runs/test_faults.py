@@ -99,6 +99,17 @@ def test_a_signal_during_the_final_evaluation_ends_it_with_the_checkpoint_and_re
     assert stdout.strip().splitlines()[-1].endswith(f"rlrun train resume={run}")  # the console's last line
     (saved,) = (run / "checkpoints").glob("ckpt_*.pt")
     assert torch.load(saved, weights_only=True)["env_steps"] == 512
+    if second:
+        return
+    # That line finishes the run: the final evaluation it stopped in (capped: the env never ends), then its summary.
+    resumed = rlrun("train", f"resume={run}", "eval.max_episode_steps=20", cwd=folder)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["env_steps"] == 512, summary
+    assert summary["eval_episodes"] == 2 and summary["eval_return_mean"] is not None
+    assert [s["ended"] for s in summary["sessions"]] == ["interrupted by signal 2", "completed"]
+    again = rlrun("train", f"resume={run}", cwd=folder)  # now complete: nothing to do
+    assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr, again.stderr
 
 
 def test_sigterm_during_a_periodic_evaluation_stops_the_run_at_the_next_iteration(folder):
