@@ -14,10 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlrun.compose.handoff import take
 from rlrun.compose.preflight import ENV_CHECK_WARNINGS, check_device_present
-from rlrun.compose.resume import resumed_config
-from rlrun.compose.store import GROUPS
+from rlrun.compose.resume import auto_resumed, resumed_config
 from rlrun.config import TrainConfig, validate_train
-from rlrun.errors import UserError
 
 log = logging.getLogger("rlrun")
 
@@ -35,11 +33,7 @@ def train_config(
 
         found = list_checkpoints(run_dir / "checkpoints")
         if found and not (checked and str(found[-1]) == checked.resumed_from):
-            # The job's own command line made the checkpoint in its folder: its config group choices (algo=, env=,
-            # the preset the pre-flight added) are the checkpoint's, which a resume keeps; its key=value overrides
-            # go on top. A choice that names another algorithm, env or network is refused.
-            resumed = resumed_config(str(found[-1]), [o for o in overrides if _group(o) not in GROUPS])
-            _same_run(typed, resumed.typed, found[-1])
+            resumed = auto_resumed(found[-1], typed, overrides)  # (a sweep's job: the pre-flight did not look)
             return _resumed(resumed.typed, resumed.state, resumed.warnings)
         resume = str(found[-1]) if found else None if resume == "auto" else resume
     if resume is None:
@@ -66,22 +60,6 @@ def _resumed(
     check_device_present(typed.device, typed.distributed.nproc_per_node)
     _log_warnings(typed, warnings)
     return typed, state
-
-
-def _group(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def _same_run(composed: TrainConfig, resumed: TrainConfig, checkpoint: Path) -> None:
-    """resume=auto's command line (`composed`) chooses the algorithm, env and network its checkpoint has."""
-    was, now = resumed, composed
-    trained = (was.algo.name, was.env.id, was.model.name)
-    if (now.algo.name, now.env.id, now.model.name) != trained:
-        raise UserError(
-            f"resume=auto continues {checkpoint}, trained as algo={trained[0]} env.id={trained[1]} model={trained[2]}; "
-            f"this command line gives algo={now.algo.name} env.id={now.env.id} model={now.model.name}: "
-            "use another run folder for another run"
-        )
 
 
 def _log_warnings(typed: TrainConfig, warnings: tuple[str, ...]) -> None:

@@ -8,6 +8,7 @@ import argparse
 import copy
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hydra import compose, initialize_config_dir
@@ -28,12 +29,13 @@ from rlrun.compose.hydra_compat import (
     runs_nothing,
 )
 from rlrun.compose.presets import preset_override
-from rlrun.compose.resume import resume_folder, resumed_config
+from rlrun.compose.resume import auto_resumed, resume_folder, resumed_config
 from rlrun.compose.store import GROUPS
 from rlrun.compose.sweep_resume import sweep_resume_args
 from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, check, validate_play, validate_train
 from rlrun.config.batched import LAUNCHER, batch_refusal
 from rlrun.errors import UserError
+from rlrun.run_folder import list_checkpoints
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -141,7 +143,7 @@ def preflight(command: str, args: list[str]) -> Preflight:
             exact, args = _run_folder(exact, args, runs)
         if exact != overrides:
             overrides, combos = exact, _combinations(exact)
-        composed, presets = _check_all(command, combos, overrides, runs)
+        composed, presets = _check_all(command, combos, overrides, runs, single)
     chosen = presets.pop() if len(presets) == 1 else None
     if command == "train" and chosen is not None:
         # One preset decision for every job is made here, so .hydra/ shows it; a sweep whose jobs differ (over
@@ -164,10 +166,11 @@ def _run_folder(overrides: list[str], args: list[str], runs: bool) -> tuple[list
 
 
 def _check_all(
-    command: str, combos: list[list[str]], overrides: list[str], runs: bool
+    command: str, combos: list[list[str]], overrides: list[str], runs: bool, single: bool = False
 ) -> tuple[DictConfig | None, set[str | None]]:
     """Compose and check each of `combos`, handing what was checked to its job when the command runs; returns the
-    last composition (a single run's) and the preset override each needs."""
+    last composition (a single run's) and the preset override each needs. `single`: one training run, whose folder
+    the composition names."""
     presets: set[str | None] = set()
     composed: DictConfig | None = None
     loaded: dict[str, dict[str, Any]] = {}  # the checkpoints resumes merge, each loaded once
@@ -180,7 +183,8 @@ def _check_all(
         if command == "play":
             checked = _check_play(typed, runs)
         else:
-            checked = _check_train(typed, runs, combo, loaded, handed=len(combos) == 1)
+            run_dir = Path(composed.hydra.run.dir) if single else None
+            checked = _check_train(typed, runs, combo, loaded, handed=len(combos) == 1, run_dir=run_dir)
         if runs:
             hand_over(job, checked)
     return composed, presets
@@ -258,12 +262,24 @@ def _check_play(typed: PlayConfig, runs: bool) -> Checked:
 
 
 def _check_train(
-    typed: TrainConfig, runs: bool, combo: list[str], loaded: dict[str, dict[str, Any]], handed: bool
+    typed: TrainConfig,
+    runs: bool,
+    combo: list[str],
+    loaded: dict[str, dict[str, Any]],
+    handed: bool,
+    run_dir: Path | None = None,
 ) -> Checked:
     """A training config checked: the command line's, or for a resume the checkpoint's with the command line's
     overrides on top (the checkpoint, loaded once into `loaded`, handed over to a single run's job: a sweep's jobs
-    each load their own). resume=auto checks the command line's: its checkpoint is the run folder's, found in the
-    job."""
+    each load their own). resume=auto resumes its run folder's newest checkpoint if there is one: a single run's
+    (`run_dir`, named now) is looked at here, so that a refusal, or a run with nothing left to do, writes nothing into
+    it; a sweep's jobs look at theirs."""
+    found = list_checkpoints(run_dir / "checkpoints") if typed.resume == "auto" and run_dir is not None else []
+    if found:
+        resumed = auto_resumed(found[-1], typed, combo, loaded.get(str(found[-1])))
+        if runs:
+            check_device_present(resumed.typed.device, resumed.typed.distributed.nproc_per_node)
+        return Checked(resumed.typed, resumed.warnings, str(found[-1]), resumed.state if handed else None)
     if typed.resume in (None, "auto"):
         warnings = tuple(validate_train(typed))
         if runs:

@@ -11,7 +11,7 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 
 from rlrun.compose.hydra_compat import parse_overrides
-from rlrun.compose.store import from_yaml
+from rlrun.compose.store import GROUPS, from_yaml
 from rlrun.config import TrainConfig, validate_train
 from rlrun.errors import NothingToDo, UserError
 
@@ -37,6 +37,29 @@ def resumed_config(resume: str, overrides: list[str], state: dict[str, Any] | No
     check_fits(state, typed)
     _check_not_done(state, typed)
     return Resumed(typed, state, warnings)
+
+
+def auto_resumed(
+    checkpoint: Path, typed: TrainConfig, overrides: list[str], state: dict[str, Any] | None = None
+) -> Resumed:
+    """resume=auto's resume of its run folder's newest `checkpoint`, `typed` being the command line's config: the job's
+    own command line made that checkpoint, so its config group choices (algo=, env=, the preset) are the
+    checkpoint's, which a resume keeps; its key=value `overrides` go on top. A choice that names another algorithm,
+    env or network is refused."""
+    resumed = resumed_config(str(checkpoint), [o for o in overrides if _group(o) not in GROUPS], state)
+    was, now = resumed.typed, typed
+    trained = (was.algo.name, was.env.id, was.model.name)
+    if (now.algo.name, now.env.id, now.model.name) != trained:
+        raise UserError(
+            f"resume=auto continues {checkpoint}, trained as algo={trained[0]} env.id={trained[1]} model={trained[2]}; "
+            f"this command line gives algo={now.algo.name} env.id={now.env.id} model={now.model.name}: "
+            "use another run folder for another run"
+        )
+    return resumed
+
+
+def _group(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def resume_folder(overrides: list[str], args: list[str]) -> list[str]:

@@ -26,7 +26,8 @@ def _iteration_steps(run) -> list[int]:
 @pytest.mark.timeout(180)
 def test_resume_auto_starts_fresh_in_an_empty_folder_and_continues_a_populated_one(tmp_path):
     """The same command line twice (config groups chosen on it, as a requeued job's line has them): a fresh run,
-    then the run continued; a line whose groups name another algorithm is refused in one line."""
+    then the run continued; a line whose groups name another algorithm is refused in one line, and one with nothing
+    left to train says so, both writing nothing into the folder (neither .hydra/ nor train.log)."""
     run = tmp_path / "run"
     args = [
         "train",
@@ -46,9 +47,15 @@ def test_resume_auto_starts_fresh_in_an_empty_folder_and_continues_a_populated_o
     second = json.loads((run / "summary.json").read_text())
     assert second["resumed_from"].endswith("ckpt_000000002048.pt") and second["env_steps"] == 4096
     assert _iteration_steps(run) == list(range(256, 4096 + 1, 256))
+    written = [*(run / ".hydra").iterdir(), run / "train.log"]
+    before = {p.name: p.read_bytes() for p in written}
     out = rlrun(*[a.replace("algo=ppo", "algo=a2c") for a in args], "total_steps=8192", cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "resume=auto continues" in out.stderr and "this command line gives algo=a2c" in out.stderr
+    assert {p.name: p.read_bytes() for p in written} == before
+    out = rlrun(*args, "total_steps=4096", cwd=tmp_path)
+    assert out.returncode == 0 and "nothing to do" in out.stdout, out.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in written} == before
 
 
 @pytest.mark.dist
