@@ -281,7 +281,11 @@ def _check_train(
             check_device_present(resumed.typed.device, resumed.typed.distributed.nproc_per_node)
         return Checked(resumed.typed, resumed.warnings, str(found[-1]), resumed.state if handed else None)
     if typed.resume in (None, "auto"):
-        warnings = tuple(validate_train(typed))
+        try:
+            warnings = tuple(validate_train(typed))
+        except UserError:
+            _check_action_space_first(typed)
+            raise
         if runs:
             check_device_present(typed.device, typed.distributed.nproc_per_node)
         _check_env(typed, runs)
@@ -329,6 +333,23 @@ def _no_training_choices(overrides: list[str]) -> None:
                 f"'{override}': play runs the checkpoint's {group}; to play another env with the same spaces, "
                 "give env.id=ID"
             )
+
+
+def _check_action_space_first(typed: TrainConfig) -> None:
+    """Before a config check's refusal: an env whose actions the algorithm cannot take (DQN on Box actions) is what to
+    say first. The budget checks, say, assume actions it takes, and a line about learning_starts would send the user
+    the wrong way. An env that does not build leaves the refusal to the config's own line."""
+    from rlrun.envs import check_action_space, env_spaces, import_env_modules
+
+    entry = ALGORITHMS[typed.algo.name]
+    if not entry.actions:
+        return
+    try:
+        import_env_modules(typed.env.imports)
+        action_space = env_spaces(typed.env)[1]
+    except Exception:  # noqa: BLE001 (whatever stops the env, the config's line comes first)
+        return
+    check_action_space(action_space, entry.actions, typed.env.id, typed.algo.name)
 
 
 def _check_env(typed: TrainConfig, runs: bool) -> None:

@@ -27,6 +27,8 @@ BAD_TRAIN = [
     (["algo=nope"], "unknown algo 'nope'; choose one of: a2c, dqn, ppo"),
     (["algo=dqn", "algo.exploration_fraction=2"], "algo.exploration_fraction=2.0: must be in (0, 1]"),
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a discrete action space"),
+    (["algo=dqn", "env=pendulum", "total_steps=2048"], "algo=dqn needs a discrete action space"),  # not the budget
+    (["algo=sac", "env=cartpole", "total_steps=2048"], "algo=sac needs a continuous action space"),
     (["algo=dqn", "model=lstm"], "model=lstm trains with algo=ppo"),
     (["algo=dqn", "algo.replay.alpa=1"], "unknown key 'algo.replay.alpa'; did you mean algo.replay.alpha?"),
     (["env=nope"], "unknown env 'nope'; choose one of: acrobot, ant, breakout, cartpole, cartpole_masked, frozenlake"),
