@@ -24,6 +24,7 @@ from rlrun.envs import check_env_id, env_seeds, env_spaces, import_env_modules, 
 from rlrun.envs.sync import SyncEnvs
 from rlrun.errors import UserError
 from rlrun.evaluation import run_episodes
+from rlrun.seeding import PLAY, torch_seed
 
 log = logging.getLogger("rlrun")
 
@@ -90,6 +91,7 @@ def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict[str, Any], run_dir
         algo = build_algo(train_cfg.algo, train_cfg.model, spec, resolve_device(cfg.device))
         algo.load_state_dict(state["algo"])
         seed = cfg.seed if cfg.seed is not None else train_cfg.seed
+        torch.manual_seed(torch_seed(seed, 0, PLAY))  # the same seed plays the same episodes, sampled actions too
         act = lambda o, starts: algo.act(o, cfg.deterministic, starts)  # noqa: E731
         returns, lengths = run_episodes(envs, act, cfg.episodes, env_seeds(seed, 0, 1, stream=3))
     finally:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 # Purposes. A rank's training stream (sampling noise, exploration, minibatch permutations) is TRAIN; a resume that
-# cannot restore a rank's generator (another world size, a recovery checkpoint) draws RESUMED at its iteration.
-TRAIN, RESUMED, EVALUATION = 0, 1, 2
+# cannot restore a rank's generator (another world size, a recovery checkpoint) draws RESUMED at its iteration;
+# `rlrun play` (stochastic actions with deterministic=false) draws PLAY.
+TRAIN, RESUMED, EVALUATION, PLAY = 0, 1, 2, 3
 _TORCH = 1  # SeedSequence's spawn key: torch's seeds never coincide with the envs' (which have none)
 
 
