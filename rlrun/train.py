@@ -83,16 +83,20 @@ class Loop:
         algo.start(parts.envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
         self.run_log = RunLog(ctx, algo.steps_per_collect)
         self.at, self.progress = resume(run, parts, self.run_log, self.per_iteration)
+        # The steps the run trains: whole iterations, so total_steps rounded down to a multiple of an iteration's.
+        rounded = "" if self.final_steps == cfg.total_steps else f"; total_steps={cfg.total_steps} in whole iterations"
         parts.logger.info(
-            "run folder %s: %s on %s, %d env steps (%d iterations of %d, %d rank%s)",
+            "run folder %s: %s on %s, %d env steps (%d iteration%s of %d, %d rank%s%s)",
             run.run_dir,
             cfg.algo.name,
             cfg.env.id,
-            cfg.total_steps,
+            self.final_steps,
             iterations,
+            "" if iterations == 1 else "s",
             self.per_iteration,
             ctx.world_size,
             "s" if ctx.distributed else "",
+            rounded,
         )
         parts.logger.info(
             "accelerations: %s", ", ".join(parts.accelerations) or "none (algo.fast=false, or none applies)"

@@ -47,13 +47,16 @@ def test_progress_none_quiets_the_console_not_train_log(tmp_path):
     the run started, evaluated and ended."""
     run = tmp_path / "run"
     out = rlrun(
-        "train", "total_steps=256", "eval.episodes=1", "logging.progress=none", f"hydra.run.dir={run}", cwd=tmp_path
+        "train", "total_steps=300", "eval.episodes=1", "logging.progress=none", f"hydra.run.dir={run}", cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr[-3000:]
     messages = [m for _, m in _log_lines(run / "train.log")]
     for start in ("run folder", "accelerations: ", "evaluating 1 episode", "eval: 1 episode in", "done: 256 env steps"):
         assert any(m.startswith(start) for m in messages), messages
     assert messages[-1].endswith("over 1 episode"), messages[-1]
+    # The start says the steps the run trains: whole iterations of 256 (CartPole's preset: 128 steps x 2 envs).
+    (start,) = [m for m in messages if m.startswith("run folder")]
+    assert start.endswith("256 env steps (1 iteration of 256, 1 rank; total_steps=300 in whole iterations)"), start
     assert "run folder" not in out.stdout and "done: " not in out.stdout, out.stdout
 
 
