@@ -550,7 +550,8 @@ def report(
         raise UserError(f"report: cannot write the report into {out}: {e.strerror}") from e
     groups = group_runs(runs, metric)
     rows = [g.row(metric) for g in groups]
-    console = Console(width=None if sys.stdout.isatty() else 200)  # files and pipes get whole labels
+    # Files and pipes get whole labels; no markup: labels such as env.imports=[my_envs] are text, not style tags.
+    console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
     _print_tables(console, groups, rows, metric)
     running = sum(r.status == "running" for r in runs)
     if running:
@@ -565,7 +566,9 @@ def report(
             plots["performance profile"] = _save(profile_figure(comparison), out / "performance_profile.png")
     fig = curves_figure(groups, metric, x)
     if fig is None:
-        why = f"no run has a {metric} return in its metrics.jsonl" + (" and a summary.json" if x == "wall" else "")
+        why = f"no run has {'an' if metric[0] in 'aeiou' else 'a'} {metric} return in its metrics.jsonl" + (
+            " and a summary.json" if x == "wall" else ""
+        )
         console.print(f"learning_curves.png not written: {why}")
     else:
         plots["learning curves"] = _save(fig, out / "learning_curves.png")

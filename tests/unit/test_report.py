@@ -215,9 +215,21 @@ def test_report_with_nothing_to_plot_writes_no_png_and_says_why(tmp_path, capsys
     write_run(tmp_path / "0", "CartPole-v1", [], 1, [5.0])
     (tmp_path / "0" / "metrics.jsonl").write_text("")  # a run too short to log a line, say
     report([tmp_path])
-    assert "learning_curves.png not written: no run has a eval return" in capsys.readouterr().out
+    assert "learning_curves.png not written: no run has an eval return" in capsys.readouterr().out
     assert not (tmp_path / "learning_curves.png").exists()
     assert "learning_curves.png" not in (tmp_path / "report.md").read_text()
+
+
+def test_labels_print_as_written_brackets_and_all(tmp_path, capsys):
+    """Override values in brackets (lists) are labels, not the terminal library's style tags, which would drop them."""
+    for i, tracker in enumerate(("wandb", "mlflow")):
+        write_run(
+            tmp_path / str(i), "CartPole-v1", ["env.imports=[my_envs]", f"logging.trackers=[{tracker}]"], 1, [5.0]
+        )
+    report([tmp_path])
+    out = capsys.readouterr().out
+    assert "logging.trackers=[wandb]" in out and "logging.trackers=[mlflow]" in out
+    assert "every group also has: env.imports=[my_envs]" in out
 
 
 def test_report_of_several_folders_and_wall_time(tmp_path, capsys):
