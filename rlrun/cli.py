@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, validate_play
-from rlrun.errors import Fault, Interrupted, NonFiniteError, NothingToDo, UserError
+from rlrun.errors import Fault, FolderHeld, Interrupted, NonFiniteError, NothingToDo, UserError
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -91,10 +91,12 @@ def _failure(e: Exception, known: tuple[str, int] | None) -> str:
     return known[0] if known else f"{type(e).__name__}: {e}"
 
 
-def _record_failed(run_dir: Path, message: str, overrides: list[str]) -> None:
-    """A failed sweep job's summary.json, which lets the sweep go on and `rlrun report` show why."""
+def _record_failed(run_dir: Path, error: Exception, message: str, overrides: list[str]) -> None:
+    """A failed sweep job's summary.json, which lets the sweep go on and `rlrun report` show why; none in a folder
+    another live job holds (its own summary is still to come)."""
     summary = run_dir / "summary.json"
-    if not summary.exists():  # the run's own record stands: a failed training run's, or a failed resume's run's
+    # The run's own record stands: a failed training run's, or a failed resume's run's.
+    if not summary.exists() and not isinstance(error, FolderHeld):
         with contextlib.suppress(OSError):  # a full disk: the error line already said why
             summary.write_text(json.dumps({"status": "failed", "error": message, "overrides": overrides}, indent=2))
 
@@ -168,7 +170,7 @@ def train_task(cfg: DictConfig) -> float | None:
         # One job of a sweep: record why it failed and let the sweep go on (a sweeper sees nan).
         message = _failure(e, known)
         logging.getLogger("rlrun").error("job %s failed: %s", hc.job.num, message)
-        _record_failed(run_dir, message, overrides)
+        _record_failed(run_dir, e, message, overrides)
         return float("nan")
     if summary is None:  # a node without rank 0
         return None
@@ -243,7 +245,7 @@ def train_seed_jobs(jobs: list[SeedJob], sweep_dir: Path) -> list[float]:
         message = _failure(e, _known_error(e))
         logging.getLogger("rlrun").error("batch of %d seeds failed: %s", len(jobs), message)
         for job in jobs:
-            _record_failed(job.run_dir, message, list(job.overrides))
+            _record_failed(job.run_dir, e, message, list(job.overrides))
         return [float("nan")] * len(jobs)
     finally:
         for job in jobs:

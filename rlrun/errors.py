@@ -17,6 +17,11 @@ class UserError(Exception):
     """Bad input (config value, env id, checkpoint file): the message says what is wrong and what is accepted."""
 
 
+class FolderHeld(UserError):
+    """A run folder another live job holds (rlrun/run_folder.py): that job's, so the refused one writes nothing there,
+    not even a failed summary."""
+
+
 class Fault(Exception):
     """The machine failed the run, not the input nor rlrun (a full disk, an I/O error, a read-only folder): the
     message names the file, the error and what is left to continue from."""

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlrun.errors import Fault, UserError
+from rlrun.errors import Fault, FolderHeld, UserError
 
 _PREFIX = "ckpt_"
 
@@ -121,7 +121,7 @@ def hold(run_dir: Path) -> bool:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise UserError(
+            raise FolderHeld(
                 f"run folder {run_dir} is in use by another job ({holder}); wait for it to end or choose another "
                 f"hydra.run.dir (lock file {path})"
             ) from None
@@ -158,6 +158,21 @@ def held(run_dir: Path) -> Iterator[None]:
     finally:
         if took:
             release(run_dir)
+
+
+def holder_of(run_dir: Path) -> str | None:
+    """Who holds `run_dir` now ("host H, pid P, since T"), or None when no live job does; takes nothing."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY)
+    except OSError:  # no lock file: nobody holds it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    finally:
+        os.close(fd)  # (a shared lock taken here goes with it)
+    return None
 
 
 def _holder(fd: int) -> str:

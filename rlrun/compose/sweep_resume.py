@@ -27,9 +27,43 @@ def sweep_resume_args(args: list[str]) -> list[str]:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         raise UserError(f"resume={folder}: cannot read the sweep's overrides from its multirun.yaml ({e})") from e
     given = [a for a in args if _key(a) != "resume" and a not in ("-m", "--multirun")]
+    _check_continues(folder, line, given)
     keys = _SET_HERE | {_key(a) for a in given}
     kept = [o for o in line if _key(o) not in keys]
     return ["-m", *kept, *given, f"hydra.sweep.dir='{folder}'", "hydra.output_subdir=null", "resume=auto"]
+
+
+def _check_continues(folder: Path, line: list[str], given: list[str]) -> None:
+    """The resume line continues the sweep's own jobs, each in its folder: it may add overrides for every job
+    (total_steps=...), not sweep anew, change what the sweep sweeps or its config groups (Hydra would number the jobs
+    anew, and a folder's checkpoint would go on as another job), nor start while a job of the sweep still runs."""
+    from rlrun.compose.store import GROUPS
+    from rlrun.run_folder import holder_of
+
+    try:
+        saved, new = parse_overrides(line), parse_overrides([a for a in given if "=" in a])
+    except COMPOSITION_ERRORS:  # the pre-flight says what is wrong with it
+        return
+    swept = {o.key_or_group for o in saved if o.is_sweep_override()}
+    same = set(line)
+    for o in new:
+        key, text = o.key_or_group.lstrip("+~"), o.input_line or o.key_or_group
+        if o.is_sweep_override():
+            reason = f"{text} is a sweep of its own"
+        elif key in swept:
+            reason = f"{text} sets {key}, which the sweep sweeps"
+        elif key in GROUPS and text not in same:
+            reason = f"{text} chooses the sweep's {key} anew"
+        else:
+            continue
+        raise UserError(
+            f"resume={folder} continues the sweep's own jobs, each in its folder; {reason}: give only overrides "
+            "for every job (total_steps=..., say), or start a new sweep"
+        )
+    for job in sorted(p for p in folder.iterdir() if p.is_dir()):
+        holder = holder_of(job)
+        if holder is not None:
+            raise UserError(f"resume={folder}: the sweep still runs (job folder {job} is held by {holder})")
 
 
 def _sweep_folder(args: list[str]) -> Path | None:

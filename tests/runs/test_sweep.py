@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rlrun.report import curves_figure, find_runs, group_runs
+from rlrun.run_folder import held
 from tests.conftest import rlrun
 
 SHORT = ["total_steps=2048", "eval.episodes=2", "eval.num_envs=2", "eval.every_steps=1024", "logging.progress=none"]
@@ -85,6 +86,21 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert runs["1"]["status"] == "completed"
     rows = {g.env_id: g.row("eval") for g in group_runs(find_runs([sweep]))}  # one group per env
     assert rows["Fragile-v0"]["failed"] == 1 and rows["CartPole-v1"]["failed"] == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_job_whose_folder_another_job_holds_writes_nothing_there_and_the_sweep_goes_on(tmp_path):
+    """Job 0's folder held (as by a live job of another sweep in the same folder): job 0 is refused without a failed
+    summary.json in that job's folder, whose own summary is still to come; job 1 runs."""
+    sweep = tmp_path / "sweep"
+    with held(sweep / "0"):
+        out = rlrun("train", "-m", "seed=0,1", *SHORT, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (
+        "job 0 failed: run folder" in out.stdout + out.stderr and "is in use by another job" in out.stdout + out.stderr
+    )
+    assert not (sweep / "0" / "summary.json").exists()
+    assert summaries(sweep)["1"]["status"] == "completed"
 
 
 @pytest.mark.slow

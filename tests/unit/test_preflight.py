@@ -6,6 +6,7 @@ tracebacks."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from rlrun.compose.store import from_yaml, register_configs, to_yaml
 from rlrun.compose.sweep_resume import sweep_resume_args
 from rlrun.config import EnvConfig, ModelConfig, TrainConfig
 from rlrun.errors import UserError
+from rlrun.run_folder import held
 from tests.conftest import cli_env
 
 register_configs()
@@ -225,3 +227,36 @@ def test_resume_of_a_sweep_folder_is_the_sweeps_own_line_in_that_folder_each_job
     (sweep / "multirun.yaml").write_text("hydra: 3")
     with pytest.raises(UserError, match="cannot read the sweep's overrides from its multirun.yaml"):
         sweep_resume_args([f"resume={sweep}"])
+
+
+@pytest.mark.parametrize(
+    ("given", "reason"),
+    [
+        ("seed=0,1,2", "seed=0,1,2 is a sweep of its own"),
+        ("seed=7", "seed=7 sets seed, which the sweep sweeps"),
+        ("algo.lr=0.1", "algo.lr=0.1 sets algo.lr, which the sweep sweeps"),
+        ("algo=dqn", "algo=dqn chooses the sweep's algo anew"),
+    ],
+)
+def test_a_sweep_resume_that_would_renumber_or_retarget_its_jobs_is_refused(tmp_path, given, reason):
+    """Hydra numbers a sweep's jobs by its line: a resume line that sweeps, or sets what the sweep sweeps or its
+    config groups, would continue each folder's checkpoint as another job. Refused in one line before anything runs
+    (multirun.yaml stays as it was); overrides for every job pass."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    overrides = {"hydra": ["hydra.mode=MULTIRUN"], "task": ["algo=ppo", "seed=0,1", "algo.lr=1e-4,3e-4"]}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": overrides}}))
+    with pytest.raises(UserError, match="continues the sweep's own jobs, each in its folder; " + re.escape(reason)):
+        sweep_resume_args([f"resume={sweep}", given, "total_steps=2048"])
+    assert "total_steps=2048" in sweep_resume_args([f"resume={sweep}", "algo=ppo", "total_steps=2048"])
+
+
+def test_a_sweep_resume_while_a_job_of_it_runs_is_refused(tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / "1").mkdir(parents=True)
+    overrides = {"hydra": ["hydra.mode=MULTIRUN"], "task": ["seed=0,1"]}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": overrides}}))
+    assert sweep_resume_args([f"resume={sweep}"])[0] == "-m"
+    with held(sweep / "1"):  # as a live job holds its folder
+        with pytest.raises(UserError, match=f"the sweep still runs \\(job folder {sweep / '1'} is held by host"):
+            sweep_resume_args([f"resume={sweep}"])
