@@ -175,9 +175,11 @@ def train_task(cfg: DictConfig) -> float | None:
     if summary is None:  # a node without rank 0
         return None
     if summary["status"] == "interrupted":
-        from rlrun.run_folder import release
+        from rlrun.run_folder import release, resume_command
 
         release(run_dir)  # before a scheduler's handler, which may end the process before main's finally would
+        if hc.mode == RunMode.MULTIRUN:  # the sweep stops here: its jobs after this one continue with it
+            logging.getLogger("rlrun").info("continue the sweep with: %s", resume_command(Path(hc.sweep.dir)))
         _end_interrupted(summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,7 @@ import yaml
 
 from rlrun.report import curves_figure, find_runs, group_runs
 from rlrun.run_folder import held
-from tests.conftest import rlrun
+from tests.conftest import cli_env, finish, rlrun
 
 SHORT = ["total_steps=2048", "eval.episodes=2", "eval.num_envs=2", "eval.every_steps=1024", "logging.progress=none"]
 FRAGILE = (
@@ -86,6 +89,29 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert runs["1"]["status"] == "completed"
     rows = {g.env_id: g.row("eval") for g in group_runs(find_runs([sweep]))}  # one group per env
     assert rows["Fragile-v0"]["failed"] == 1 and rows["CartPole-v1"]["failed"] == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_signal_stops_a_sweep_with_the_line_that_continues_the_sweep(tmp_path):
+    """SIGINT in the first job of a basic-launcher sweep: that job stops with its checkpoint and resume line, the
+    jobs after it do not start, and the console's last line continues the whole sweep, not the one job."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "rlrun", "train", "-m", "seed=0,1", "total_steps=400000", "logging.progress=plain"]
+    cmd += ["logging.every_steps=2048", "eval.episodes=1", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=cli_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        for line in proc.stdout or []:
+            if line.startswith("env_steps=2048 "):
+                break
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out = finish(proc, 60)[0]
+    assert proc.returncode == 128 + signal.SIGINT and "Traceback" not in out, out[-3000:]
+    assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}", out[-2000:]
+    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "interrupted"
+    assert not (sweep / "1").exists()
 
 
 @pytest.mark.timeout(240)
