@@ -279,6 +279,7 @@ def _check_train(
         resumed = auto_resumed(found[-1], typed, combo, loaded.get(str(found[-1])))
         if runs:
             check_device_present(resumed.typed.device, resumed.typed.distributed.nproc_per_node)
+            _check_env(resumed.typed, runs)
         return Checked(resumed.typed, resumed.warnings, str(found[-1]), resumed.state if handed else None)
     if typed.resume in (None, "auto"):
         try:
@@ -297,6 +298,7 @@ def _check_train(
     loaded[path] = resumed.state
     if runs:
         check_device_present(resumed.typed.device, resumed.typed.distributed.nproc_per_node)
+        _check_env(resumed.typed, runs)  # as for a new run: an env that no longer imports or builds is one line here
     return Checked(resumed.typed, resumed.warnings, path, resumed.state if handed else None)
 
 

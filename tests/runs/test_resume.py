@@ -153,3 +153,26 @@ def test_a_restartable_sac_run_on_hopper_keeps_its_replay_and_no_item_spans_the_
         shard.unlink()
     out = rlrun("train", f"resume={part}", "total_steps=600", cwd=tmp_path, timeout=200)
     assert out.returncode == 0 and "the replay starts empty" in out.stdout + out.stderr, out.stderr[-3000:]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(200)
+def test_a_two_rank_resume_whose_env_module_no_longer_imports_is_one_line_before_any_rank_starts(tmp_path):
+    """The resume's env is built in the pre-flight, as a new run's is: a module in env.imports that the resuming
+    command cannot import (another working folder) is one line and exit 2, not a rank's error after the ranks
+    started (exit 1 and their tracebacks' noise), and the run folder is left as it was."""
+    trained, elsewhere, run = tmp_path / "trained", tmp_path / "elsewhere", tmp_path / "run"
+    trained.mkdir()
+    elsewhere.mkdir()
+    (trained / "my_envs.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('My/Cart-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv', max_episode_steps=200)\n"
+    )
+    args = ["env.imports=[my_envs]", "env.id=My/Cart-v0", "distributed.nproc_per_node=2", "algo.num_steps=64"]
+    out = rlrun("train", *args, *SMALL, f"hydra.run.dir={run}", cwd=trained, timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    before = folder_state(run)
+    out = rlrun("train", f"resume={run}", "total_steps=4096", cwd=elsewhere, timeout=100)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-3000:]
+    assert "env.imports: cannot import 'my_envs'" in out.stderr
+    assert folder_state(run) == before
