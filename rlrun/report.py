@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlrun.errors import UserError
+from rlrun.run_folder import abandoned
 from rlrun.stats import (
     align_curves,
     bootstrap_ci,
@@ -47,7 +48,7 @@ log = logging.getLogger("rlrun")
 class Run:
     path: Path
     overrides: list[str]
-    status: str  # completed | failed | interrupted | running (no summary yet)
+    status: str  # completed | failed | interrupted | running (no summary yet) | killed (no summary, no live job)
     summary: dict[str, Any]
     env_id: str
     algo: str
@@ -151,7 +152,7 @@ def _curves(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def load_run(folder: Path) -> Run:
     summary_path = folder / "summary.json"
-    summary, status = {}, "running"
+    summary, status = {}, "killed" if abandoned(folder) else "running"
     if summary_path.exists():
         try:
             summary = json.loads(summary_path.read_text())
@@ -557,6 +558,14 @@ def report(
     if running:
         console.print(
             f"{running} of {_count(len(runs), 'run')} still running: not counted in the tables until they finish"
+        )
+    stopped = {s: n for s in ("interrupted", "killed") if (n := sum(r.status == s for r in runs))}
+    if stopped:  # (report.md lists them)
+        which = ", ".join(
+            f"{n} {s}" + (" (no summary.json, no live job)" if s == "killed" else "") for s, n in stopped.items()
+        )
+        console.print(
+            f"not in the tables: {which}; continue each with rlrun train resume=FOLDER (report.md lists them)"
         )
     comparison = compare(*compare_with, groups, metric) if compare_with else None
     plots: dict[str, Path] = {}

@@ -175,6 +175,21 @@ def holder_of(run_dir: Path) -> str | None:
     return None
 
 
+def abandoned(run_dir: Path) -> bool:
+    """Whether a run folder without a summary has no live job that this machine can see: no lock file (its job ended
+    without one, or never took the folder), or this host's lock file that no process holds (its job was killed).
+    Another host's lock cannot be seen from here: that job counts as live."""
+    try:
+        record = json.loads((run_dir / LOCK_NAME).read_text() or "{}")
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    if not isinstance(record, dict) or record.get("host") not in (None, socket.gethostname()):
+        return False
+    return holder_of(run_dir) is None
+
+
 def _holder(fd: int) -> str:
     """ "host H, pid P, since T" from a lock file's record."""
     try:

@@ -199,14 +199,21 @@ def test_report_on_a_sweep_still_running(tmp_path):
             }
         )
     )
-    runs = {r.path.name: r for r in find_runs([tmp_path])}
-    assert runs["0"].status == "completed" and runs["1"].status == "running"
-    assert runs["1"].curve("train", "steps")[0].tolist() == [100.0, 200.0, 300.0]
-    rows = {g.label: g.row("eval") for g in group_runs(list(runs.values()))}
-    assert rows["algo.lr=0.1"]["mean"] == 3.0 and rows["algo.lr=0.2"]["runs"] == 1
-    assert rows["algo.lr=0.2"]["failed"] == 0 and rows["algo.lr=0.2"]["scored"] == 0
-    (ax,) = curves_figure(group_runs(list(runs.values())), "train").axes
-    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["algo.lr=0.1 (n=1)", "algo.lr=0.2 (n=1)"]
+    with held(running):  # its job, live
+        runs = {r.path.name: r for r in find_runs([tmp_path])}
+        assert runs["0"].status == "completed" and runs["1"].status == "running"
+        assert runs["1"].curve("train", "steps")[0].tolist() == [100.0, 200.0, 300.0]
+        rows = {g.label: g.row("eval") for g in group_runs(list(runs.values()))}
+        assert rows["algo.lr=0.1"]["mean"] == 3.0 and rows["algo.lr=0.2"]["runs"] == 1
+        assert rows["algo.lr=0.2"]["failed"] == 0 and rows["algo.lr=0.2"]["scored"] == 0
+        (ax,) = curves_figure(group_runs(list(runs.values())), "train").axes
+        assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["algo.lr=0.1 (n=1)", "algo.lr=0.2 (n=1)"]
+        out = rlrun("report", str(tmp_path), "--metric", "train", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert "1 of 2 runs still running" in out.stdout
+    runs = {r.path.name: r for r in find_runs([tmp_path])}  # its job gone without a summary (killed)
+    assert runs["1"].status == "killed"
     out = rlrun("report", str(tmp_path), "--metric", "train", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "1 of 2 runs still running" in out.stdout
+    assert (
+        "not in the tables: 1 killed (no summary.json, no live job)" in out.stdout and "still running" not in out.stdout
+    )

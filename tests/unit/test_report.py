@@ -12,6 +12,7 @@ import yaml
 
 from rlrun.cli import main
 from rlrun.report import compare, curves_figure, find_runs, group_runs, report
+from rlrun.run_folder import held
 from rlrun.stats import (
     align_curves,
     bootstrap_ci,
@@ -236,9 +237,15 @@ def test_report_of_several_folders_and_wall_time(tmp_path, capsys):
     write_run(tmp_path / "a" / "0", "CartPole-v1", ["algo.lr=0.1"], 1, [1.0, 2.0])
     write_run(tmp_path / "b" / "0", "CartPole-v1", ["algo.lr=0.2"], 1, [3.0, 4.0])
     write_run(tmp_path / "b" / "1", "CartPole-v1", ["algo.lr=0.2"], 2, [3.0], status="running")
-    main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--x", "wall", "--out", str(tmp_path / "new" / "out")])
+    write_run(tmp_path / "b" / "2", "CartPole-v1", ["algo.lr=0.2"], 3, [3.0], status="running")
+    with held(tmp_path / "b" / "1"):  # a live job holds its folder; b/2's was killed (no summary, no holder)
+        main(
+            ["report", str(tmp_path / "a"), str(tmp_path / "b"), "--x", "wall", "--out", str(tmp_path / "new" / "out")]
+        )
     out = capsys.readouterr().out
-    assert "algo.lr=0.1" in out and "algo.lr=0.2" in out and "1 of 3 runs still running" in out
+    assert "algo.lr=0.1" in out and "algo.lr=0.2" in out and "1 of 4 runs still running" in out
+    assert "not in the tables: 1 killed (no summary.json, no live job)" in out
+    assert f"`{tmp_path / 'b' / '2'}`: killed" in (tmp_path / "new" / "out" / "report.md").read_text()
     assert (tmp_path / "new" / "out" / "report.md").exists()  # --out is made when missing
     fig = curves_figure(group_runs(find_runs([tmp_path])), "eval", x="wall")
     assert max(fig.axes[0].lines[0].get_xdata()) == 40.0  # 20000 env steps in 40 s
