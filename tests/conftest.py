@@ -423,9 +423,10 @@ def wandb_records(path: Path):
 
 
 def wandb_run(run_dir: Path) -> dict:
-    """What W&B's offline files of a run folder hold: its ids, history rows {step: {key: value}}, config, group."""
+    """What W&B's offline files of a run folder hold: its ids, history rows {step: {key: value}}, config, group, tags,
+    and each session's run name in order."""
     runs = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    ids, history, config, group, tags = set(), [], {}, set(), set()
+    ids, history, config, group, tags, names = set(), [], {}, set(), set(), []
     for path in runs:
         for r in wandb_records(path):
             kind = r.WhichOneof("record_type")
@@ -433,11 +434,20 @@ def wandb_run(run_dir: Path) -> dict:
                 ids.add(r.run.run_id)
                 group.add(r.run.run_group)
                 tags |= set(r.run.tags)
+                names.append(r.run.display_name)
                 config |= {u.key: json.loads(u.value_json) for u in r.run.config.update}
             elif kind == "history":
                 row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
                 history.append((r.history.step.num, row))
-    return {"files": runs, "ids": ids, "history": history, "config": config, "group": group, "tags": tags}
+    return {
+        "files": runs,
+        "ids": ids,
+        "history": history,
+        "config": config,
+        "group": group,
+        "tags": tags,
+        "names": names,
+    }
 
 
 def metric_steps(history: list[tuple[int, dict]], key: str) -> list[int]:

@@ -100,12 +100,12 @@ def open_parts(run: Run) -> LocalParts:
     seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs)
     envs = make_vector_env(cfg.env, cfg.env.num_envs, True, seeds, arrays)
     evaluator = Evaluator(cfg, ctx.device) if ctx.is_main else NullEvaluator()
-    logger = open_logger(run) if ctx.is_main else NullLogger()
+    record = RunRecord(list(run.overrides), run.resume_state)
+    logger = open_logger(run, record.original) if ctx.is_main else NullLogger()
     evaluator.report_to(logger)  # only now: the bar's thread must not run while eval workers fork
     checkpointer = (
         Checkpointer(run.run_dir / "checkpoints", cfg.checkpoint.keep_last) if ctx.is_main else NullCheckpointer()
     )
-    record = RunRecord(list(run.overrides), run.resume_state)
     return LocalParts(envs, evaluator, logger, checkpointer, record, StopSignal(announce=ctx.is_main))
 
 
@@ -146,15 +146,17 @@ def close_parts(run: Run, local: LocalParts) -> None:
     run.ctx.close()
 
 
-def open_logger(run: Run) -> RunLogger:
-    """The main rank's RunLogger, with its experiment trackers. A run resumed from an older checkpoint of another run
-    folder starts its metrics.jsonl with that run's lines up to the checkpoint, and says where it came from."""
+def open_logger(run: Run, original: list[str]) -> RunLogger:
+    """The main rank's RunLogger, with its experiment trackers, which name and tag the run by its `original` overrides
+    (its first session's: a resume keeps the tracked run's name and tags). A run resumed from an older checkpoint of
+    another run folder starts its metrics.jsonl with that run's lines up to the checkpoint, and says where it came
+    from."""
     cfg, run_dir, state = run.cfg, run.run_dir, run.resume_state
     origin = run_dir_of(Path(state["path"])) if state else None
     moved = origin is not None and origin.resolve() != run_dir.resolve()
     c = cfg.logging
     history = origin / "metrics.jsonl" if origin is not None and moved else None
-    trackers = opener(c, run.config_yaml, run_dir, run.overrides, cfg.total_steps, origin if moved else None)
+    trackers = opener(c, run.config_yaml, run_dir, tuple(original), cfg.total_steps, origin if moved else None)
     logger = RunLogger(
         run_dir,
         cfg.total_steps,

@@ -222,6 +222,9 @@ def test_ctrl_c_then_resume_keeps_one_tracked_run_in_wandb_and_mlflow(tmp_path, 
     assert metric_steps(w["history"], "eval/return_mean") == [total]
     assert w["config"]["total_steps"] == 200000 and w["config"]["algo"]["name"] == "ppo"  # logged once
     assert f"total_steps_resumed:200000 -> {total}" in w["tags"]
+    # The resume keeps the run's name and tags (its first session's overrides), the budget's change added.
+    assert len(w["names"]) >= 2 and len(set(w["names"])) == 1 and "total_steps=200000" in w["names"][0], w["names"]
+    assert "total_steps=200000" in w["tags"] and f"total_steps={total}" not in w["tags"]
     assert "W&B ran offline: upload this run with  wandb sync" in out.stdout + out.stderr
 
     client = mlflow_client.MlflowClient(tracking_uri=server)
