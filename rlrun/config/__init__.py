@@ -114,7 +114,7 @@ class WandbConfig:
 
 @dataclass
 class MlflowConfig:
-    tracking_uri: str | None = None  # unset: MLflow's own (MLFLOW_TRACKING_URI, else ./mlruns)
+    tracking_uri: str | None = None  # unset: MLflow's own (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the cwd)
     experiment: str = "rlrun"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,7 +150,7 @@ class Trackers:
             t.name,
             what,
             type(error).__name__,
-            message[:300],
+            textwrap.shorten(message, 500, placeholder=" ..."),  # whole words: a URL in it stays whole or goes
         )
 
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402  (after the settings above, which it reads)
+import mlflow  # noqa: E402  (after the settings above, which it reads)
+from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
@@ -40,10 +41,13 @@ class MlflowTracker:
         self.run_id: str | None = None
 
     def start(self, config: dict[str, Any], run: RunIdentity) -> str:
-        _check_reachable(self.settings.tracking_uri)
+        # Unset: MLflow's own choice (MLFLOW_TRACKING_URI, else since MLflow 3 the sqlite file mlflow.db in the working
+        # folder), named here so that parallel jobs opening a new sqlite store take turns as with one given.
+        uri = self.settings.tracking_uri or mlflow.get_tracking_uri()
+        _check_reachable(uri)
         self.run_id = run.resumed_id(self.name)
-        with _store_lock(self.settings.tracking_uri):  # the client opens (on first use, makes) the store
-            self.client = MlflowClient(tracking_uri=self.settings.tracking_uri)
+        with _store_lock(uri):  # the client opens (on first use, makes) the store
+            self.client = MlflowClient(tracking_uri=uri)
             # A resumed run's experiment is its own already: only a new run looks it up (or makes it).
             experiment_id = None if self.run_id is not None else _experiment_id(self.client, self.settings.experiment)
         if self.run_id is not None:  # parameters stay as first logged

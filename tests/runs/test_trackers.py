@@ -127,15 +127,17 @@ def test_a_missing_tracker_package_or_name_is_one_line(tmp_path):
 
 
 @pytest.mark.timeout(200)
-def test_a_sweep_is_one_tracked_run_per_job_grouped_by_the_sweep(tmp_path):
-    """A 2-job multirun with both trackers, its jobs in parallel (joblib) on a new sqlite store: 2 W&B runs in the
-    sweep's group, 2 MLflow runs tagged with the sweep, each named by its job's own override, with its own seed and
-    points, and no tracker failing (the two jobs opening the new store at once used to: "table already exists");
-    and in TensorBoard alone, each job one HParams session with its own seed, whose metric is its final
-    evaluation."""
+@pytest.mark.parametrize("given", [True, False], ids=["store-given", "mlflow-default-store"])
+def test_a_sweep_is_one_tracked_run_per_job_grouped_by_the_sweep(tmp_path, given):
+    """A 2-job multirun with both trackers, its jobs in parallel (joblib) on a new sqlite store, given or MLflow's
+    default (mlflow.db in the working folder): 2 W&B runs in the sweep's group, 2 MLflow runs tagged with the sweep,
+    each named by its job's own override, with its own seed and points, and no tracker failing (the two jobs opening
+    the new store at once used to: "table already exists"); and in TensorBoard alone, each job one HParams session
+    with its own seed, whose metric is its final evaluation."""
     sweep, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*SMALL, "total_steps=1024", "logging.trackers=[wandb,mlflow]", "logging.wandb.mode=offline"]
-    args += [f"logging.mlflow.tracking_uri={store}", "logging.mlflow.experiment=sweep", "seed=3,4"]
+    args += [f"logging.mlflow.tracking_uri={store}"] if given else []
+    args += ["logging.mlflow.experiment=sweep", "seed=3,4"]
     args += ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     out = rlrun("train", "-m", *args, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
