@@ -80,7 +80,8 @@ class Loop:
         self.per_iteration = algo.steps_per_collect * ctx.world_size  # fewer when a straggler is preempted
         iterations = cfg.total_steps // self.per_iteration
         self.final_steps = iterations * self.per_iteration  # the run ends at or after this many env steps
-        algo.start(parts.envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
+        with _nonfinite_context(f"at its first reset on rank {ctx.rank}"):
+            algo.start(parts.envs.reset(seed=env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs))[0])
         self.run_log = RunLog(ctx, algo.steps_per_collect)
         self.at, self.progress = resume(run, parts, self.run_log, self.per_iteration)
         # The steps the run trains: whole iterations, so total_steps rounded down to a multiple of an iteration's.

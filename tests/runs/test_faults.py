@@ -50,7 +50,16 @@ class HugeReward(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, (1e300 if self.t >= 300 else reward), terminated, truncated, info
 
+class NanReset(gym.Wrapper):
+    '''CartPole whose first observation, from reset, is NaN.'''
+    def __init__(self):
+        super().__init__(gym.make('CartPole-v1'))
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs * np.nan, info
+
 gym.register('Endless-v0', entry_point=Endless)
+gym.register('NanReset-v0', entry_point=NanReset)
 gym.register('NanObs-v0', entry_point=NanObs)
 gym.register('HugeReward-v0', entry_point=HugeReward)
 """
@@ -153,6 +162,15 @@ def test_a_non_finite_value_ends_the_run_naming_it_with_a_finite_recovery_checkp
     assert state["recovery"]
     weights = [t for t in tensors_in(state["algo"]) if t.is_floating_point()]
     assert weights and all(torch.isfinite(t).all() for t in weights)
+
+
+def test_a_nan_observation_from_reset_is_one_line_saying_where_and_what_accepts_it(folder):
+    out = rlrun(
+        "train", *COMMON, "env.id=NanReset-v0", "total_steps=2048", f"hydra.run.dir={folder / 'run'}", cwd=folder
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    expected = "env 0 returned a NaN observation at its first reset on rank 0; env.check_finite=false accepts it"
+    assert expected in out.stderr.strip().splitlines()[-1], out.stderr
 
 
 def test_check_finite_false_lets_an_env_return_nan(folder):
