@@ -311,7 +311,9 @@ COMPARE_COLUMNS = ("env", "runs A", "runs B", "IQM A", "IQM B", "IQM A - B [95% 
 
 
 def _compare_cells(row: dict[str, Any]) -> list[str]:
-    diff = f"{row['diff']:+.2f} [{row['diff_low']:+.2f}, {row['diff_high']:+.2f}]"
+    fewest = min(row["runs_a"], row["runs_b"])  # an interval from fewer than MIN_RUNS a side is not shown, as the IQM's
+    interval = f"({_too_few(fewest)})" if fewest < MIN_RUNS else f"[{row['diff_low']:+.2f}, {row['diff_high']:+.2f}]"
+    diff = f"{row['diff']:+.2f} {interval}"
     return [
         row["env"],
         str(row["runs_a"]),
@@ -545,11 +547,13 @@ def report(
         raise UserError(f"report: --metric is one of {', '.join(METRICS)} and --x one of {', '.join(X_AXES)}")
     out = out or (roots[0] if len(roots) == 1 else Path.cwd())
     runs = find_runs(roots)
+    groups = group_runs(runs, metric)
+    # Before anything is printed or made: a --compare side that names nothing is one line, and no empty --out folder.
+    comparison = compare(*compare_with, groups, metric) if compare_with else None
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"report: cannot write the report into {out}: {e.strerror}") from e
-    groups = group_runs(runs, metric)
     rows = [g.row(metric) for g in groups]
     # Files and pipes get whole labels; no markup: labels such as env.imports=[my_envs] are text, not style tags.
     console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
@@ -567,7 +571,6 @@ def report(
         console.print(
             f"not in the tables: {which}; continue each with rlrun train resume=FOLDER (report.md lists them)"
         )
-    comparison = compare(*compare_with, groups, metric) if compare_with else None
     plots: dict[str, Path] = {}
     if comparison is not None:
         _print_comparison(console, comparison)

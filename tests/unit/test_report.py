@@ -258,6 +258,10 @@ def test_report_of_several_folders_and_wall_time(tmp_path, capsys):
         (["."], "report: no runs under"),
         (["run", "--metric", "loss"], "report: argument --metric: invalid choice: 'loss'"),
         (["run", "--compare", "algo.lr=0.3", "algo.lr=0.1"], "report: --compare: no group or folder 'algo.lr=0.3'"),
+        (
+            ["run", "--compare", "algo.lr=0.3", "algo.lr=0.1", "--out", "new"],
+            "report: --compare: no group or folder 'algo.lr=0.3'",
+        ),
         (["run", "--out", "run/0/summary.json/x"], "report: cannot write the report into run/0/summary.json/x"),
     ],
 )
@@ -268,9 +272,10 @@ def test_bad_input_ends_with_one_line(tmp_path, monkeypatch, capsys, args, messa
     monkeypatch.chdir(tmp_path / ("empty" if args == ["."] else "."))
     with pytest.raises(SystemExit) as exit_:
         main(["report", *args])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith(f"rlrun: error: {message}")
+    assert not out and not (tmp_path / "new").exists()  # nothing printed before the line, no --out folder made
 
 
 def test_report_marks_intervals_over_fewer_than_five_runs_as_not_meaningful(tmp_path, capsys):
@@ -284,6 +289,7 @@ def test_report_marks_intervals_over_fewer_than_five_runs_as_not_meaningful(tmp_
     out = capsys.readouterr().out
     assert "205.00 (n=2: interval not meaningful)" in out and "102.50 [" in out
     assert "P(A > B) = 1.00" in out and "warning: fewer than 5 runs a side (CartPole-v1: 2 vs 6)" in out
+    assert "+102.50 (n=2: interval not meaningful)" in out  # the IQMs' difference, without an interval
     markdown = (tmp_path / "report.md").read_text()
     assert "| algo.lr=0.1 | 2 | 0 | 205.00 (n=2: interval not meaningful) |" in markdown
     assert "**warning: fewer than 5 runs a side" in markdown
