@@ -122,6 +122,30 @@ def _overrides(folder: Path, summary: dict[str, Any]) -> list[str]:
     return list(yaml.safe_load(saved.read_text()) or []) if saved.exists() else []
 
 
+def _seed(run: Run) -> object:
+    """A run's seed: its summary's, or for a run without one in its summary (failed early) its composed config's."""
+    if "seed" in run.summary:
+        return run.summary["seed"]
+    try:
+        return yaml.safe_load((run.path / ".hydra" / "config.yaml").read_text())["seed"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return "?"
+
+
+def _repeated_seeds(groups: list[Group]) -> list[str]:
+    """A warning for each group whose completed runs share a seed: its statistics count them as independent runs."""
+    warnings = []
+    for g in groups:
+        seeds = [_seed(r) for r in g.runs if r.status == "completed"]
+        twice = sorted({str(s) for s in seeds if seeds.count(s) > 1 and s != "?"})
+        if twice:
+            warnings.append(
+                f"warning: {g.label} ({g.env_id}) has more than one completed run of seed {', '.join(twice)}: its "
+                "statistics count them as independent runs"
+            )
+    return warnings
+
+
 def _env_and_algo(folder: Path, summary: dict[str, Any]) -> tuple[str, str]:
     """From summary.json, or for a run without one (running, or failed early) from its composed config."""
     if "env_id" in summary:
@@ -482,7 +506,7 @@ def write_markdown(
         lines += ["", "<details><summary>Full overrides of each group</summary>", ""]
         for g in (g for g in groups if g.env_id == env_id):
             full = [o for o in g.runs[0].overrides if not o.startswith("seed=")]
-            seeds = ", ".join(str(r.summary.get("seed", "?")) for r in g.runs)
+            seeds = ", ".join(str(_seed(r)) for r in g.runs)
             lines.append(f"- **{g.label}** (seeds {seeds}): `{' '.join(full) or '(none)'}`")
         lines += ["", "</details>"]
     if comparison is not None:
@@ -558,6 +582,8 @@ def report(
     # Files and pipes get whole labels; no markup: labels such as env.imports=[my_envs] are text, not style tags.
     console = Console(width=None if sys.stdout.isatty() else 200, markup=False)
     _print_tables(console, groups, rows, metric)
+    for warning in _repeated_seeds(groups):
+        console.print(warning, style="bold yellow")
     running = sum(r.status == "running" for r in runs)
     if running:
         console.print(

@@ -40,7 +40,8 @@ class StopSignal:
         self.signum = signum
         if self.announce:  # os.write: a handler may run while the main thread is inside a buffered stream's write
             name = signal.Signals(signum).name
-            line = f"\nrlrun: {name}: stopping at the end of this step with a checkpoint; Ctrl-C again to stop now\n"
+            again = "Ctrl-C" if signum == signal.SIGINT else name
+            line = f"\nrlrun: {name}: stopping at the end of this step with a checkpoint; {again} again to stop now\n"
             os.write(2, line.encode())
 
     def requested(self) -> bool:

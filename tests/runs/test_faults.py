@@ -133,6 +133,7 @@ def test_sigterm_during_a_periodic_evaluation_stops_the_run_at_the_next_iteratio
     proc.send_signal(signal.SIGTERM)
     stdout, stderr, seconds = finish(proc, 30)
     assert seconds < 10 and proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "rlrun: SIGTERM: stopping at the end of this step with a checkpoint; SIGTERM again to stop now" in stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
     assert summary["env_steps"] < 100000 and summary["final_checkpoint"]

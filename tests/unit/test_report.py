@@ -221,6 +221,19 @@ def test_report_with_nothing_to_plot_writes_no_png_and_says_why(tmp_path, capsys
     assert "learning_curves.png" not in (tmp_path / "report.md").read_text()
 
 
+def test_a_seed_run_twice_in_a_group_is_warned_of_and_a_failed_runs_seed_is_its_configs(tmp_path, capsys):
+    for i, seed in enumerate((0, 0, 1)):
+        write_run(tmp_path / str(i), "CartPole-v1", ["algo.lr=0.1"], seed, [5.0 + i])
+    write_run(tmp_path / "3", "CartPole-v1", ["algo.lr=0.1"], 7, [1.0], status="failed")
+    summary = json.loads((tmp_path / "3" / "summary.json").read_text())
+    del summary["seed"]  # as a run that failed before it trained writes it: its config has the seed
+    (tmp_path / "3" / "summary.json").write_text(json.dumps(summary))
+    report([tmp_path])
+    out = capsys.readouterr().out
+    assert "warning: defaults (CartPole-v1) has more than one completed run of seed 0" in out  # one group
+    assert "(seeds 0, 0, 1, 7)" in (tmp_path / "report.md").read_text()
+
+
 def test_labels_print_as_written_brackets_and_all(tmp_path, capsys):
     """Override values in brackets (lists) are labels, not the terminal library's style tags, which would drop them."""
     for i, tracker in enumerate(("wandb", "mlflow")):
