@@ -182,6 +182,7 @@ def _check_all(
             raise UserError(refused)
         if command == "play":
             checked = _check_play(typed, runs)
+            _check_play_folder(Path(composed.hydra.run.dir))
         else:
             run_dir = Path(composed.hydra.run.dir) if single else None
             checked = _check_train(typed, runs, combo, loaded, handed=len(combos) == 1, run_dir=run_dir)
@@ -249,6 +250,16 @@ def _composed(command: str, combo: list[str]) -> tuple[DictConfig, DictConfig, A
     if unknown:
         raise UserError(f"unknown key '{unknown[0]}' (added with +); the schema has no such key")
     return composed, job, typed, preset
+
+
+def _check_play_folder(folder: Path) -> None:
+    """A play writes a folder of its own (.hydra/, play.log, videos/): not a training run's, whose .hydra/ it would
+    replace."""
+    if (folder / "summary.json").exists() or (folder / "checkpoints").is_dir():
+        raise UserError(
+            f"hydra.run.dir={folder} is a training run's folder; rlrun play writes a folder of its own and would "
+            "replace the run's .hydra/: give another hydra.run.dir (the default makes one)"
+        )
 
 
 def _check_play(typed: PlayConfig, runs: bool) -> Checked:

@@ -87,10 +87,11 @@ def _check_not_done(state: dict[str, Any], typed: TrainConfig) -> None:
     per_iteration = state.get("steps_per_iteration")  # the checkpoint's; a resume to another world size may differ
     if not per_iteration:
         return
-    trained = state["env_steps"] >= typed.total_steps // per_iteration * per_iteration
-    if trained and not ended_unevaluated(Path(state["path"]), state["env_steps"]):
+    target = typed.total_steps // per_iteration * per_iteration
+    if state["env_steps"] >= target and not ended_unevaluated(Path(state["path"]), state["env_steps"]):
+        done = "is complete at" if state["env_steps"] == target else "has trained past total_steps, at"
         raise NothingToDo(
-            f"{state['path']} is complete at {state['env_steps']} env steps (total_steps={typed.total_steps}); "
+            f"{state['path']} {done} {state['env_steps']} env steps (total_steps={typed.total_steps}); "
             "nothing to do: give a larger total_steps to train it longer"
         )
 

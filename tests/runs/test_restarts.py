@@ -54,7 +54,9 @@ def test_resume_auto_starts_fresh_in_an_empty_folder_and_continues_a_populated_o
     assert "resume=auto continues" in out.stderr and "this command line gives algo=a2c" in out.stderr
     assert {p.name: p.read_bytes() for p in written} == before
     out = rlrun(*args, "total_steps=4096", cwd=tmp_path)
-    assert out.returncode == 0 and "nothing to do" in out.stdout, out.stderr[-3000:]
+    assert out.returncode == 0 and "is complete at 4096 env steps (total_steps=4096); nothing to do" in out.stdout
+    out = rlrun(*args, "total_steps=2048", cwd=tmp_path)  # a smaller budget than it trained
+    assert out.returncode == 0 and "has trained past total_steps, at 4096 env steps (total_steps=2048)" in out.stdout
     assert {p.name: p.read_bytes() for p in written} == before
 
 

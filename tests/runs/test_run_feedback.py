@@ -112,6 +112,10 @@ def test_play_has_its_own_help_logs_its_table_and_writes_one_whole_video_per_epi
         "train", "total_steps=256", "eval.episodes=1", "logging.progress=none", f"hydra.run.dir={run}", cwd=tmp_path
     )
     assert train.returncode == 0, train.stderr[-3000:]
+    before = (run / ".hydra" / "config.yaml").read_bytes()
+    into = rlrun("play", f"checkpoint={run}", f"hydra.run.dir={run}", cwd=tmp_path)  # the training run's own folder
+    assert into.returncode == 2 and into.stderr.count("\n") == 1 and "is a training run's folder" in into.stderr
+    assert (run / ".hydra" / "config.yaml").read_bytes() == before
     refused = rlrun("play", f"checkpoint={run}", "env=pendulum", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "env.id=ID" in refused.stderr
     other = rlrun("play", f"checkpoint={run}", "env.id=Acrobot-v1", cwd=tmp_path)
