@@ -125,6 +125,12 @@ def preflight(command: str, args: list[str]) -> Preflight:
     if command == "train":
         args = sweep_resume_args(args)
     parsed = args_parser().parse_args(args)
+    modes = [parsed.run, parsed.multirun, parsed.cfg, parsed.info, parsed.shell_completion]
+    if sum(bool(m) for m in modes) > 1:  # Hydra's own check, a traceback: one line here
+        raise UserError(
+            "only one of --run, --multirun (-m), --cfg, --info and --shell-completion can be given (to print a "
+            "sweep job's config, give that job's values without -m)"
+        )
     if parsed.help or parsed.hydra_help or parsed.info or parsed.shell_completion:
         return Preflight(args)
     overrides = list(parsed.overrides)

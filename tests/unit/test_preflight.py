@@ -50,6 +50,7 @@ BAD_TRAIN = [
     (["-m", "seed=1,2", "algo.lr=0.1,-2"], "algo.lr=-2.0: must be > 0"),
     (["resume=does/not/exist"], "checkpoint not found"),
     (["seed"], "cannot parse overrides"),
+    (["-m", "seed=0,1", "--cfg", "job"], "only one of --run, --multirun (-m), --cfg, --info and --shell-completion"),
     (["algo.lr=0"], "algo.lr=0.0: must be > 0"),
     (["algo.gamma=1.5"], "algo.gamma=1.5"),
     (["model.activation=gelu"], "model.activation=gelu: accepted are tanh, relu"),
