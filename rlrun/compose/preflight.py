@@ -150,6 +150,8 @@ def preflight(command: str, args: list[str]) -> Preflight:
         if exact != overrides:
             overrides, combos = exact, _combinations(exact)
         composed, presets = _check_all(command, combos, overrides, runs, single)
+        if parsed.multirun:
+            _check_sweep_base(command, overrides)
     chosen = presets.pop() if len(presets) == 1 else None
     if command == "train" and chosen is not None:
         # One preset decision for every job is made here, so .hydra/ shows it; a sweep whose jobs differ (over
@@ -161,6 +163,27 @@ def preflight(command: str, args: list[str]) -> Preflight:
         args = _run_folder(overrides, args, runs)[1]
     run = runs and composed is not None and _single_run(parsed, combos, overrides, composed)
     return Preflight(args, composed if run else None)
+
+
+def _check_sweep_base(command: str, overrides: list[str]) -> None:
+    """Hydra composes a sweep's config without its sweeps (a swept config group at its default) before its jobs,
+    and applies the other overrides to it: `algo=sac,td3 algo.learning_starts=200` sets the key on the default PPO,
+    which has none, each job being fine. One line here, where that was Hydra's multi-line error."""
+    parsed = parse_overrides(overrides)
+    if not any(o.is_sweep_override() for o in parsed):
+        return
+    base = [o.input_line or "" for o in parsed if not o.is_sweep_override()]
+    try:
+        _compose(command, base)
+    except UserError as e:
+        groups = [o for o in parsed if o.is_sweep_override() and o.key_or_group in GROUPS]
+        swept = " ".join(o.input_line or "" for o in groups) or "the sweep"
+        why = str(e).split(" (keys under")[0]
+        raise UserError(
+            f"-m {swept}: Hydra composes a sweep at its config groups' defaults first, with the overrides that are "
+            f"not swept, and that fails ({why}): give each choice a sweep of its own (-m per "
+            f"{groups[0].key_or_group if groups else 'choice'}), or leave that key at its default"
+        ) from e
 
 
 def _run_folder(overrides: list[str], args: list[str], runs: bool) -> tuple[list[str], list[str]]:

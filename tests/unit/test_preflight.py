@@ -51,6 +51,10 @@ BAD_TRAIN = [
     (["resume=does/not/exist"], "checkpoint not found"),
     (["seed"], "cannot parse overrides"),
     (["-m", "seed=0,1", "--cfg", "job"], "only one of --run, --multirun (-m), --cfg, --info and --shell-completion"),
+    (
+        ["-m", "seed=0,1", "algo=sac,td3", "env=pendulum", "algo.learning_starts=200"],
+        "-m algo=sac,td3: Hydra composes a sweep at its config groups' defaults first",
+    ),
     (["algo.lr=0"], "algo.lr=0.0: must be > 0"),
     (["algo.gamma=1.5"], "algo.gamma=1.5"),
     (["model.activation=gelu"], "model.activation=gelu: accepted are tanh, relu"),
