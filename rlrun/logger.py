@@ -214,9 +214,9 @@ class RunLogger:
         """One log interval: to every writer and, without a bar, a console line."""
         for writer in self.writers:
             writer.log(metrics, env_steps)
-        if self.mode == "plain":
+        shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if k in _CONSOLE_KEYS)
+        if self.mode == "plain" and shown:  # (a stop's last interval may hold none of the console's keys)
             self._last_line = time.monotonic()
-            shown = ", ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items() if k in _CONSOLE_KEYS)
             log.info("env_steps=%d %s", env_steps, shown)
 
     def info(self, message: str, *args: object) -> None:

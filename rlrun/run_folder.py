@@ -38,6 +38,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
         found = list_checkpoints(p / "checkpoints") or list_checkpoints(p)
         if found:
             return found[-1]
+        jobs = sorted(d.name for d in p.iterdir() if d.is_dir() and list_checkpoints(d / "checkpoints"))
+        if jobs:  # a sweep's folder without its multirun.yaml (the Optuna sweeper writes none)
+            raise UserError(
+                f"{p} holds the runs {', '.join(jobs)}, not one run: resume each with resume={p}/N (a sweep whose "
+                "folder holds multirun.yaml resumes whole)"
+            )
         raise UserError(f"no checkpoint in {p} (expected {p}/checkpoints/{_PREFIX}*.pt)")
     raise UserError(f"checkpoint not found: {p} (give a checkpoint file or a run folder)")
 

@@ -195,7 +195,10 @@ def needs_encoding(space: gym.Space[Any]) -> bool:
 def check_observation_space(space: gym.Space[Any], env_id: str, obs_keys: list[str] | None) -> None:
     """UserError naming the first part of `space` that cannot be encoded (a Text mission, a Graph, a Sequence),
     or an env.obs_keys entry the observation does not have."""
-    top = space.spaces if isinstance(space, gym.spaces.Dict) else None
+    # The keys env.obs_keys picks from: a Dict's, or a Tuple's positions as '0', '1', ...
+    top = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else None
+    if isinstance(space, gym.spaces.Tuple):
+        top = {str(i): s for i, s in enumerate(space.spaces)}
     if obs_keys is not None and top is not None:
         missing = [k for k in obs_keys if k not in top]
         if missing:

@@ -82,6 +82,10 @@ ERRORS = [
     (["env.id=CartPole-v1", "+env.kwargs.colour=1"], "cannot make env 'CartPole-v1' with env.kwargs={'colour': 1}"),
     (["env.id=Notes-v0"], "Notes-v0's observation key 'note' (Text) cannot be encoded for a network; drop it with"),
     (["env.id=Notes-v0", "env.obs_keys=[pos,size]"], "env.obs_keys: Notes-v0's observations have no key 'size'"),
+    (  # a Tuple's parts are picked by position
+        ["env.id=Blackjack-v1", "env.obs_keys=[pos]"],
+        "env.obs_keys: Blackjack-v1's observations have no key 'pos'; they have ['0', '1', '2']",
+    ),
     (["algo=dqn", "env.id=TargetMD-v0"], "algo=dqn needs a discrete action space (Discrete); TargetMD-v0 has"),
     (["algo=sac", "env.id=TargetMB-v0"], "algo=sac needs a continuous action space (a 1-D Box); TargetMB-v0 has"),
     (["env.id=Masked-v0", "algo.normalize_obs=true"], "algo.normalize_obs=true would rescale Masked-v0's action masks"),

@@ -5,6 +5,7 @@ end the run naming what and where with a finite recovery checkpoint. Real CLI ru
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -134,6 +135,7 @@ def test_sigterm_during_a_periodic_evaluation_stops_the_run_at_the_next_iteratio
     stdout, stderr, seconds = finish(proc, 30)
     assert seconds < 10 and proc.returncode == 128 + signal.SIGTERM, stderr
     assert "rlrun: SIGTERM: stopping at the end of this step with a checkpoint; SIGTERM again to stop now" in stderr
+    assert not re.search(r"^env_steps=\d+ *$", stdout, re.M), stdout  # no episode ended: no line without metrics
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM
     assert summary["env_steps"] < 100000 and summary["final_checkpoint"]

@@ -256,6 +256,15 @@ def test_a_sweep_resume_that_would_renumber_or_retarget_its_jobs_is_refused(tmp_
     assert "total_steps=2048" in sweep_resume_args([f"resume={sweep}", "algo=ppo", "total_steps=2048"])
 
 
+def test_resuming_a_folder_of_runs_without_multirun_yaml_names_its_runs(tmp_path):
+    """An Optuna sweep's folder holds no multirun.yaml: resume= of it names the runs to resume one by one."""
+    for job in ("0", "1"):
+        (tmp_path / "sweep" / job / "checkpoints").mkdir(parents=True)
+        (tmp_path / "sweep" / job / "checkpoints" / "ckpt_000000000512.pt").write_bytes(b"")
+    with pytest.raises(UserError, match=f"{tmp_path / 'sweep'} holds the runs 0, 1, not one run: resume each with"):
+        preflight("train", [f"resume={tmp_path / 'sweep'}"])
+
+
 def test_a_sweep_resume_while_a_job_of_it_runs_is_refused(tmp_path):
     sweep = tmp_path / "sweep"
     (sweep / "1").mkdir(parents=True)
