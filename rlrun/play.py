@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -22,9 +23,10 @@ from rlrun.config import EnvConfig, PlayConfig, TrainConfig
 from rlrun.distributed import resolve_device
 from rlrun.envs import check_env_id, env_seeds, env_spaces, import_env_modules, make_env
 from rlrun.envs.sync import SyncEnvs
-from rlrun.errors import UserError
+from rlrun.errors import Interrupted, UserError
 from rlrun.evaluation import run_episodes
 from rlrun.seeding import PLAY, torch_seed
+from rlrun.training.signals import StopSignal
 
 log = logging.getLogger("rlrun")
 
@@ -93,12 +95,22 @@ def play(cfg: PlayConfig, train_cfg: TrainConfig, state: dict[str, Any], run_dir
         seed = cfg.seed if cfg.seed is not None else train_cfg.seed
         torch.manual_seed(torch_seed(seed, 0, PLAY))  # the same seed plays the same episodes, sampled actions too
         act = lambda o, starts: algo.act(o, cfg.deterministic, starts)  # noqa: E731
-        returns, lengths = run_episodes(envs, act, cfg.episodes, env_seeds(seed, 0, 1, stream=3))
+        stop = StopSignal(announce=False)  # Ctrl-C ends the play at the next step: the episodes played are shown
+        stop.listen()
+        log.info("playing %d episode%s on %s", cfg.episodes, "" if cfg.episodes == 1 else "s", env_cfg.id)
+        try:
+            returns, lengths = run_episodes(envs, act, cfg.episodes, env_seeds(seed, 0, 1, stream=3), stop.requested)
+        finally:
+            stop.restore()
     finally:
         envs.close()
-    log.info("%s", _table_text(env_cfg.id, state, train_cfg.algo.name, returns, lengths))
+    if len(returns):
+        log.info("%s", _table_text(env_cfg.id, state, train_cfg.algo.name, returns, lengths))
     if cfg.video:
         log.info("videos in %s", run_dir / "videos")
+    if stop.signum is not None:
+        log.info("stopped by %s after %d of %d episodes", signal.Signals(stop.signum).name, len(returns), cfg.episodes)
+        raise Interrupted(stop.signum)
     return {"returns": returns.tolist(), "lengths": lengths.tolist(), "mean": float(np.mean(returns))}
 
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import rlrun
+from tests.conftest import cli_env, finish, rlrun
 
 ENDLESS = (
     "import time\n"
@@ -126,6 +130,19 @@ def test_play_has_its_own_help_logs_its_table_and_writes_one_whole_video_per_epi
         for seed in (5, 5, 6)
     ]
     assert tables[0] == tables[1] != tables[2] and "mean" in tables[0], tables
+    # Ctrl-C ends a play at its next step: the episodes played so far are shown, then one line, exit 130.
+    cmd = [sys.executable, "-m", "rlrun", "play", f"checkpoint={run}", "episodes=1000000"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in proc.stdout or []:
+            if line.startswith("playing 1000000 episodes on CartPole-v1"):
+                break
+        time.sleep(1.0)  # some episodes played
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out, err, _ = finish(proc, 30)
+    assert proc.returncode == 128 + signal.SIGINT and err.strip() == "rlrun: error: interrupted", err
+    assert "mean" in out and re.search(r"stopped by SIGINT after \d+ of 1000000 episodes", out), out[-2000:]
 
     folder = tmp_path / "play"
     out = rlrun(
