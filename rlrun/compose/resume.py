@@ -131,18 +131,21 @@ def check_fits(state: dict[str, Any], typed: TrainConfig) -> None:
         if a is None or b is None or a.shape != b.shape:
             was = "absent" if a is None else f"of shape {tuple(a.shape)}"
             now = "absent" if b is None else f"of shape {tuple(b.shape)}"
-            changes = _changed("model", trained, typed) or _changed("algo", trained, typed)
+            changes = _changed("model", trained, typed, was=True) or _changed("algo", trained, typed, was=True)
             raise UserError(
                 f"the checkpoint's network does not fit {changes or 'this config'}: {key} is {was} there, {now} here"
             )
 
 
-def _changed(section: str, a: TrainConfig, b: TrainConfig) -> str:
-    """The keys of `section` whose values differ between two configs, as key=value of `b`."""
+def _changed(section: str, a: TrainConfig, b: TrainConfig, was: bool = False) -> str:
+    """The keys of `section` whose values differ between two configs, as key=value of `b` (`was`: with `a`'s value,
+    the checkpoint's, beside it: a network's tensor shapes alone do not say which setting made them)."""
     x, y = (cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(getattr(c, section)))) for c in (a, b))
     flat_x, flat_y = _flat(x), _flat(y)
     keys = [k for k in flat_y if flat_x.get(k) != flat_y[k]]
-    return " ".join(f"{section}.{k}={flat_y[k]}" for k in keys)
+    return " ".join(
+        f"{section}.{k}={flat_y[k]}" + (f" (the checkpoint's: {flat_x.get(k)})" if was else "") for k in keys
+    )
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -49,7 +49,7 @@ def test_a_sweep_job_resumed_then_extended_stays_one_run_of_its_group(tmp_path):
     # A config the checkpoint's networks cannot continue in: one line naming the difference, nothing written.
     for bad, message in [
         ("env.id=Acrobot-v1", "trained on CartPole-v1 with a 4-dim observation; env.id=Acrobot-v1 has 6"),
-        ("model.hidden_sizes=[32,32]", "does not fit model.hidden_sizes=[32, 32]"),
+        ("model.hidden_sizes=[32,32]", "does not fit model.hidden_sizes=[32, 32] (the checkpoint's: [64, 64])"),
     ]:
         out = rlrun("train", f"resume={job}", bad, "total_steps=4096", cwd=tmp_path)
         assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
