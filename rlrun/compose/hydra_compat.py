@@ -104,9 +104,14 @@ def error_line(ex: Exception, defaults: DictConfig) -> str:
     return text
 
 
+def override_key(line: str) -> str:
+    """The key or config group an override line sets: algo.lr of `+algo.lr=1`, tuned of `~tuned`."""
+    return line.split("=", 1)[0].lstrip("+~")
+
+
 def null_parent_line(overrides: list[str], defaults: DictConfig) -> str:
     for line in overrides:
-        key = line.split("=", 1)[0].lstrip("+~")
+        key = override_key(line)
         parent = key.rpartition(".")[0]
         if parent and OmegaConf.select(defaults, parent) is None:
             return f"cannot set '{key}': '{parent}' is null in this config"

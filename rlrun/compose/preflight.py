@@ -24,6 +24,7 @@ from rlrun.compose.hydra_compat import (
     error_line,
     integer_key,
     null_parent_line,
+    override_key,
     override_values,
     parse_overrides,
     runs_nothing,
@@ -369,7 +370,7 @@ def _exact_integers(command: str, overrides: list[str]) -> list[str]:
 def _no_training_choices(overrides: list[str]) -> None:
     """play runs the checkpoint's algo, model and env: a config group choice (env=pendulum) is training's."""
     for override in overrides:
-        group = override.split("=", 1)[0].lstrip("+~")
+        group = override_key(override)
         if group in GROUPS:
             raise UserError(
                 f"'{override}': play runs the checkpoint's {group}; to play another env with the same spaces, "

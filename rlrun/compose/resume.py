@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
-from rlrun.compose.hydra_compat import parse_overrides
+from rlrun.compose.hydra_compat import override_key, parse_overrides
 from rlrun.compose.store import GROUPS, from_yaml
 from rlrun.config import TrainConfig, validate_train
 from rlrun.errors import NothingToDo, UserError
@@ -46,7 +46,7 @@ def auto_resumed(
     own command line made that checkpoint, so its config group choices (algo=, env=, the preset) are the
     checkpoint's, which a resume keeps; its key=value `overrides` go on top. A choice that names another algorithm,
     env or network is refused."""
-    resumed = resumed_config(str(checkpoint), [o for o in overrides if _group(o) not in GROUPS], state)
+    resumed = resumed_config(str(checkpoint), [o for o in overrides if override_key(o) not in GROUPS], state)
     was, now = resumed.typed, typed
     trained = (was.algo.name, was.env.id, was.model.name)
     if (now.algo.name, now.env.id, now.model.name) != trained:
@@ -56,10 +56,6 @@ def auto_resumed(
             "use another run folder for another run"
         )
     return resumed
-
-
-def _group(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def resume_folder(overrides: list[str], args: list[str]) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from rlrun.compose.hydra_compat import COMPOSITION_ERRORS, args_parser, parse_overrides
+from rlrun.compose.hydra_compat import COMPOSITION_ERRORS, args_parser, override_key, parse_overrides
 from rlrun.errors import UserError
 
 # Set by the resume itself: the sweep's own values of these are dropped.
@@ -26,10 +26,10 @@ def sweep_resume_args(args: list[str]) -> list[str]:
         line = [str(o) for o in [*(saved["hydra"] or []), *(saved["task"] or [])]]
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         raise UserError(f"resume={folder}: cannot read the sweep's overrides from its multirun.yaml ({e})") from e
-    given = [a for a in args if _key(a) != "resume" and a not in ("-m", "--multirun")]
+    given = [a for a in args if override_key(a) != "resume" and a not in ("-m", "--multirun")]
     _check_continues(folder, line, given)
-    keys = _SET_HERE | {_key(a) for a in given}
-    kept = [o for o in line if _key(o) not in keys]
+    keys = _SET_HERE | {override_key(a) for a in given}
+    kept = [o for o in line if override_key(o) not in keys]
     return ["-m", *kept, *given, f"hydra.sweep.dir='{folder}'", "hydra.output_subdir=null", "resume=auto"]
 
 
@@ -68,7 +68,7 @@ def _check_continues(folder: Path, line: list[str], given: list[str]) -> None:
 
 def _sweep_folder(args: list[str]) -> Path | None:
     """The folder resume= names when it is a sweep's (it holds multirun.yaml), else None."""
-    resume = [a for a in args_parser().parse_args(args).overrides if _key(a) == "resume"]
+    resume = [a for a in args_parser().parse_args(args).overrides if override_key(a) == "resume"]
     try:
         parsed = parse_overrides(resume)
     except COMPOSITION_ERRORS:  # the pre-flight says what is wrong with it
@@ -78,7 +78,3 @@ def _sweep_folder(args: list[str]) -> Path | None:
             folder = Path(str(o.value()))
             return folder if (folder / "multirun.yaml").is_file() else None
     return None
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
