@@ -175,16 +175,33 @@ def train_task(cfg: DictConfig) -> float | None:
     if summary is None:  # a node without rank 0
         return None
     if summary["status"] == "interrupted":
-        from rlrun.run_folder import release, resume_command
+        from rlrun.run_folder import release
 
         release(run_dir)  # before a scheduler's handler, which may end the process before main's finally would
-        if hc.mode == RunMode.MULTIRUN:  # the sweep stops here: its jobs after this one continue with it
-            logging.getLogger("rlrun").info("continue the sweep with: %s", resume_command(Path(hc.sweep.dir)))
+        if hc.mode == RunMode.MULTIRUN and not _POOLED:  # the sweep stops here; the jobs after this one continue
+            end_interrupted_sweep(Path(hc.sweep.dir), summary["signal"])
         _end_interrupted(summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes
 
 
 train_app = hydra.main(version_base=None, config_path=CONF_DIR, config_name="train")(train_task)
+_POOLED = False  # this process is a worker of the joblib launcher, whose sweep process ends an interrupted sweep
+
+
+def mark_pooled_job() -> None:
+    """A job in a worker of hydra/launcher=joblib: a signal ends it as a job of any sweep, but the sweep process
+    (hydra_plugins/rlrun_joblib_launcher) says how to continue the sweep, once, when all its running jobs ended."""
+    global _POOLED
+    _POOLED = True
+
+
+def end_interrupted_sweep(sweep_dir: Path, signum: int) -> NoReturn:
+    """A sweep a signal stopped (its running jobs checkpointed, the ones after them not started): the line that
+    continues it, last, and exit 128 + signal."""
+    from rlrun.run_folder import resume_command
+
+    print(f"continue the sweep with: {resume_command(sweep_dir)}", flush=True)  # as the sweep's first and last lines
+    _end_interrupted(signum)
 
 
 def _end_interrupted(signum: int) -> NoReturn:
@@ -254,10 +271,7 @@ def train_seed_jobs(jobs: list[SeedJob], sweep_dir: Path) -> list[float]:
             release(job.run_dir)
     signals = [o["signal"] for o in outcomes if isinstance(o, dict) and o["status"] == "interrupted"]
     if signals:  # the sweep stops here, as it does after an interrupted single job
-        from rlrun.run_folder import resume_command
-
-        logging.getLogger("rlrun").info("continue the sweep with: %s", resume_command(sweep_dir))
-        _end_interrupted(signals[0])
+        end_interrupted_sweep(sweep_dir, signals[0])
     return [float("nan") if isinstance(o, Exception) else o["eval_return_mean"] for o in outcomes]
 
 

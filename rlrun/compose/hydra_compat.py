@@ -89,7 +89,12 @@ def error_line(ex: Exception, defaults: DictConfig) -> str:
         key = text.split("'")[1]
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(defaults, parent) if parent else defaults
-        known = list(node.keys()) if isinstance(node, DictConfig) else []
+        # Not the hydra node among the run's keys, nor a launcher's _target_ among what may be set.
+        known = (
+            [k for k in node.keys() if k != "_target_" and (parent or k != "hydra")]
+            if isinstance(node, DictConfig)
+            else []
+        )
         if parent.endswith("kwargs"):  # a free-form dict (env.kwargs, model.kwargs): new keys take a +
             return f"'{key}' is not set yet; add it with +{key}=VALUE"
         close = difflib.get_close_matches(leaf, known, n=1)

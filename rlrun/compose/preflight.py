@@ -101,12 +101,13 @@ def _unknown_keys(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> list
 
 def _reference(command: str, combo: list[str]) -> DictConfig:
     """The config the command line's group choices give, without its other overrides: the keys that exist for
-    this run (algo=dqn has algo.replay.*, the default algo does not). Plain defaults if a choice is the error."""
-    choices = [o for o in combo if o.split("=", 1)[0] in GROUPS]
+    this run (algo=dqn has algo.replay.*, the default algo does not; hydra/launcher=joblib has hydra.launcher.n_jobs).
+    Plain defaults if a choice is the error."""
+    choices = [o for o in combo if o.split("=", 1)[0] in GROUPS or o.startswith("hydra/")]
     try:
-        return compose(command, overrides=choices)
+        return compose(command, overrides=choices, return_hydra_config=True)
     except COMPOSITION_ERRORS:
-        return compose(command)
+        return compose(command, return_hydra_config=True)
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ def _check_all(
     for combo in combos:
         composed, job, typed, preset = _composed(command, combo)
         presets.add(preset)
+        _check_launcher(composed.hydra.launcher)
         refused = batch_refusal(typed) if command == "train" and LAUNCHER in overrides else None
         if refused is not None:
             raise UserError(refused)
@@ -219,6 +221,14 @@ def _check_all(
         if runs:
             hand_over(job, checked)
     return composed, presets
+
+
+def _check_launcher(launcher: DictConfig) -> None:
+    """The values of rlrun's sweep launchers (hydra_plugins/), which would fail only once the sweep has started."""
+    if "n_jobs" in launcher:  # joblib's meaning: -1 one job per core, -2 all cores but one, ...
+        check(launcher.n_jobs != 0, "hydra.launcher.n_jobs=0: give the jobs to run at a time (-1: one per core)")
+    if "max_batch" in launcher:
+        check(launcher.max_batch >= 1, f"hydra.launcher.max_batch={launcher.max_batch}: give at least 1 seed a batch")
 
 
 def _single_run(

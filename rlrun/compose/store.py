@@ -27,6 +27,14 @@ def register_configs() -> None:
     cs.store(name="play_schema", node=PlayConfig)
     for name, entry in ALGORITHMS.items():
         cs.store(group="algo", name=f"{name}_schema", node=entry.schema)
+    # rlrun's joblib launcher in place of Hydra's, under its name: stored after Hydra's plugin scan, which stores the
+    # plugins' own configs (each time it loads their modules, in the order of the folders on sys.path).
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.rlrun_joblib_launcher.joblib_launcher import JoblibLauncherConf
+
+    Plugins.instance()
+    cs.store(group="hydra/launcher", name="joblib", node=JoblibLauncherConf, provider="rlrun")
 
 
 def from_yaml(text: str, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import yaml
 
 from rlrun.report import curves_figure, find_runs, group_runs
 from rlrun.run_folder import held
-from tests.conftest import cli_env, finish, rlrun
+from tests.conftest import children, cli_env, finish, rlrun
 
 SHORT = ["total_steps=2048", "eval.episodes=2", "eval.num_envs=2", "eval.every_steps=1024", "logging.progress=none"]
 FRAGILE = (
@@ -136,6 +137,94 @@ def test_joblib_jobs_run_in_parallel_and_split_the_cores(tmp_path):
     runs = summaries(sweep)
     assert len(runs) == 2 and all(s["status"] == "completed" for s in runs.values())
     assert all(s["threads"] == max(1, (os.cpu_count() or 1) // 2) for s in runs.values())
+
+
+def start_parallel_sweep(tmp_path: Path, seeds: str) -> tuple[subprocess.Popen, Path, list[int]]:
+    """A joblib sweep of long jobs, two at a time, in a session of its own (as a terminal runs a command), returned
+    once both first jobs are training (each has logged metrics), with its worker processes' pids."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "rlrun", "train", "-m", f"seed={seeds}", "hydra/launcher=joblib"]
+    cmd += ["hydra.launcher.n_jobs=2", "total_steps=400000", "logging.every_steps=512", "eval.episodes=1"]
+    cmd += ["logging.progress=plain", f"hydra.sweep.dir={sweep}"]
+    log = (tmp_path / "sweep.out").open("w")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), text=True, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not all((sweep / job / "metrics.jsonl").exists() for job in "01") and time.monotonic() < deadline:
+        assert proc.poll() is None, (tmp_path / "sweep.out").read_text()[-3000:]
+        time.sleep(0.2)
+    return proc, sweep, children(proc.pid)
+
+
+def alive(pids: list[int], wait: float) -> list[int]:
+    """The pids of `pids` still running (not zombies) after up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = [
+            pid for pid in pids if Path(f"/proc/{pid}").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_signal_stops_a_parallel_sweep_with_a_checkpoint_in_each_running_job(tmp_path, how):
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to the sweep's process, while a joblib sweep runs
+    two of its three jobs: both stop at their next iteration with a checkpoint and an interrupted summary (Hydra's
+    joblib launcher killed them mid-checkpoint, or on SIGTERM left them training and starting the third job), the
+    third does not start, no worker is left, and the last line continues the sweep, which then completes."""
+    proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1,2")
+    try:
+        assert len(workers) >= 2
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        finish(proc, 10)
+        out = (tmp_path / "sweep.out").read_text()
+        left = alive(workers, 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    signum = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
+    assert proc.returncode == 128 + signum and "Traceback" not in out, out[-3000:]
+    assert not left, f"workers left running: {left}"
+    assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}", out[-2000:]
+    steps = []
+    for job in "01":
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["signal"] == signum, summary
+        assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
+        assert not list((sweep / job / "checkpoints").glob("*.tmp"))
+        steps.append(summary["env_steps"])
+    assert not (sweep / "2").exists()
+    if how == "sigterm":  # the sweep continues from there, with the same launcher
+        end = f"total_steps={max(steps) + 2048}"
+        resumed = rlrun("train", f"resume={sweep}", end, "logging.progress=none", cwd=tmp_path, timeout=200)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert [json.loads((sweep / j / "summary.json").read_text())["status"] for j in "012"] == ["completed"] * 3
+
+
+@pytest.mark.timeout(240)
+def test_the_workers_of_a_killed_parallel_sweep_stop_with_a_checkpoint_and_end(tmp_path):
+    """SIGKILL to a joblib sweep's process (no handler runs there): its workers notice, stop their jobs as SIGTERM
+    would (checkpoint, interrupted summary), and end, where loky's would train on and then wait for good."""
+    proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1")
+    try:
+        proc.kill()
+        proc.wait(timeout=10)
+        left = alive(workers, 60)
+    finally:
+        for pid in alive(workers, 0):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers left running: {left}"
+    for job in "01":
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM, summary
+        assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
 
 
 @pytest.mark.slow

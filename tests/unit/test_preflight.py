@@ -115,6 +115,14 @@ BAD_TRAIN = [
     ),
     (["algo=sac", "env=pendulum", "total_steps=100"], "raise total_steps to 101"),
     (["algo=td3", "env=pendulum", "algo.learning_starts=5000", "total_steps=4000"], "raise total_steps to 5001"),
+    # the sweep launchers' values: a traceback once the sweep had started, or no keys named
+    (["-m", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0: give the jobs"),
+    (["-m", "seed=0,1", "hydra/launcher=batched", "hydra.launcher.max_batch=0"], "max_batch=0: give at least 1 seed"),
+    (
+        ["-m", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.verbose=1"],
+        "unknown key 'hydra.launcher.verbose' (keys under hydra.launcher: n_jobs)",
+    ),
+    (["-m", "hydra/launcher=batched", "hydra.launcher.max_btch=2"], "did you mean hydra.launcher.max_batch?"),
 ]
 
 

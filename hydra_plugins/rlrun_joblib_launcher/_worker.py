@@ -1,0 +1,77 @@
+"""What runs in a worker process of hydra/launcher=joblib (joblib_launcher.py): its start, and each job. The leading
+underscore keeps Hydra's plugin scan, which runs in each job, from executing this module again in place (which
+would reset _sweep_pid)."""
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.core.utils import JobReturn
+
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+_sweep_pid = 0  # in a worker: the sweep process's
+
+
+def _orphaned() -> bool:
+    return os.getppid() != _sweep_pid
+
+
+def _exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):  # os._exit does not flush them
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def start_worker(sweep_pid: int) -> None:
+    """A worker process, before its first job: in a session of its own (a terminal's Ctrl-C reaches the sweep
+    process only, which sends it on once); a signal from the sweep process while no job runs is ignored (it
+    starts no job after one). If the sweep process dies, the worker sends itself SIGTERM once: a job stops as a
+    single run stops, then the worker ends (loky's would wait for a next job for good). A thread watches rather than
+    the kernel's PR_SET_PDEATHSIG, which sends its signal twice here (a second signal stops a run at once)."""
+    import threading
+    import time
+
+    global _sweep_pid
+    _sweep_pid = sweep_pid
+    os.setsid()
+
+    def idle(signum: int, frame: object) -> None:
+        if _orphaned():
+            _exit(128 + signum)
+
+    def watch() -> None:
+        while not _orphaned():
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    for s in STOPS:
+        signal.signal(s, idle)
+    threading.Thread(target=watch, name="rlrun-sweep-watch", daemon=True).start()
+
+
+def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
+    """One job in a worker, as Hydra's joblib launcher runs it. A signal during its start-up (before training
+    takes the signals) ends it as a single run's start-up is ended, with exit status 128 + signal (SystemExit: the
+    sweep process gets it as the job's outcome) and no summary."""
+    from hydra_plugins.hydra_joblib_launcher._core import execute_job
+
+    from rlrun.cli import mark_pooled_job
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, interrupted) for s in STOPS}
+    mark_pooled_job()
+    try:
+        ran: JobReturn = execute_job(idx, overrides, *job)
+        return ran
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if _orphaned():  # its job done, nobody to hand the result to
+            _exit(1)

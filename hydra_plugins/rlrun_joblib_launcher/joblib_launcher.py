@@ -1,0 +1,141 @@
+"""Hydra's launcher for `hydra/launcher=joblib` (conf/hydra/launcher/joblib.yaml): the jobs of a sweep in n_jobs
+parallel worker processes, as Hydra's joblib launcher runs them (its execute_job, in joblib's loky processes), but
+stopped as a single run is. Hydra's launcher hands the jobs to joblib.Parallel, which on Ctrl-C kills its workers
+mid-checkpoint (a .tmp checkpoint, no summary), and on a SIGTERM to the sweep's process dies alone, its workers
+training on and starting the jobs queued for them.
+
+Here the workers sit in their own sessions, so a signal reaches them only through this process: the first SIGINT
+or SIGTERM the sweep gets goes to each worker once (each job stops at its next iteration with a checkpoint, as a
+single run does), no job starts after it, and the sweep ends when the running jobs have, with the line that
+continues it; a second signal goes on to the workers (they stop at once, their summaries written). A worker whose
+sweep process dies is sent SIGTERM by the kernel (no orphans training on)."""
+
+import contextlib
+import logging
+import os
+import re
+import signal
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+@dataclass
+class JoblibLauncherConf:
+    """Stored as hydra/launcher=joblib in place of Hydra's joblib launcher's (rlrun.compose.store.register_configs)."""
+
+    _target_: str = "hydra_plugins.rlrun_joblib_launcher.joblib_launcher.JoblibLauncher"
+    n_jobs: int = -1  # jobs at a time; -1: one per core
+
+
+class JoblibLauncher(Launcher):
+    def __init__(self, n_jobs: int = -1) -> None:
+        self.n_jobs = n_jobs
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from rlrun.cli import end_interrupted_sweep, fail
+        from rlrun.run_folder import resume_command
+
+        try:
+            from joblib import effective_n_jobs
+            from joblib.externals.loky import ProcessPoolExecutor
+        except ImportError:
+            fail("hydra/launcher=joblib needs the sweep extra: pip install 'rlrun[sweep]'")
+        # The workers' functions come from a module imported as usual: cloudpickle sends them by reference, where this
+        # module's (which Hydra's plugin scan loads outside sys.modules) would go by value, each with its own globals.
+        from hydra_plugins.rlrun_joblib_launcher._worker import run_job, start_worker
+
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        n_jobs = min(effective_n_jobs(self.n_jobs), len(job_overrides))
+        log.info("Launching %d jobs, %d at a time, sweep output dir : %s", len(job_overrides), n_jobs, sweep_dir)
+        for idx, overrides in enumerate(job_overrides):
+            log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
+        job = (self.hydra_context, self.config, self.task_function, Singleton.get_state())
+        returns: dict[int, JobReturn] = {}
+        queued = list(enumerate(job_overrides))
+        running: dict[Future[JobReturn], int] = {}
+        with _Stop() as stop, ProcessPoolExecutor(n_jobs, initializer=start_worker, initargs=(os.getpid(),)) as pool:
+            stop.pool = pool
+            while queued or running:
+                # One job a free worker at a time: nothing waits in a queue to start after a signal.
+                while queued and len(running) < n_jobs and stop.signum is None:
+                    idx, overrides = queued.pop(0)
+                    running[pool.submit(run_job, initial_job_idx + idx, overrides, *job)] = idx
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    try:
+                        returns[running.pop(future)] = _outcome(future, stop)
+                    except BrokenProcessPool as e:  # loky ends the other workers too
+                        codes = re.search(r"exit codes of the workers are (\{.*?\})", str(e))
+                        fail(
+                            f"a worker process of the sweep died ({codes.group(1) if codes else e}), and the jobs "
+                            f"running in the others with it; continue the sweep with: {resume_command(sweep_dir)}",
+                            1,
+                        )
+        if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
+            end_interrupted_sweep(sweep_dir, stop.signum)
+        return [returns[idx] for idx in range(len(job_overrides))]
+
+
+class _Stop:
+    """The sweep process's SIGINT/SIGTERM handler while its jobs run: it records the first signal and sends every
+    signal on to the workers (which a terminal's Ctrl-C does not reach: they are in their own sessions)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.pool: Any = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Stop":
+        self._previous = {s: signal.signal(s, self._handle) for s in STOPS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+        # loky keeps its workers by pid in _processes, as concurrent.futures does; idle workers ignore the signal.
+        for pid in list(getattr(self.pool, "_processes", None) or {}):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+
+def _outcome(future: Future[JobReturn], stop: _Stop) -> JobReturn:
+    """A finished job's JobReturn. A job a signal stopped ended as a single run ends (SystemExit 128 + signal, also
+    during its start-up, before training took the signals): the sweep stops with it."""
+    try:
+        return future.result()
+    except SystemExit as e:
+        signum = e.code - 128 if isinstance(e.code, int) else None
+        if signum not in STOPS:
+            raise
+        if stop.signum is None:
+            stop.signum = signum
+        return JobReturn()
