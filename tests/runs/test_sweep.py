@@ -168,6 +168,7 @@ def alive(pids: list[int], wait: float) -> list[int]:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # two workers' start-ups, and a resume
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_signal_stops_a_parallel_sweep_with_a_checkpoint_in_each_running_job(tmp_path, how):
@@ -208,6 +209,7 @@ def test_a_signal_stops_a_parallel_sweep_with_a_checkpoint_in_each_running_job(t
         assert [json.loads((sweep / j / "summary.json").read_text())["status"] for j in "012"] == ["completed"] * 3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_workers_of_a_killed_parallel_sweep_stop_with_a_checkpoint_and_end(tmp_path):
     """SIGKILL to a joblib sweep's process (no handler runs there): its workers notice, stop their jobs as SIGTERM
