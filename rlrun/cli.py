@@ -152,8 +152,10 @@ def train_task(cfg: DictConfig) -> float | None:
     """A training job inside Hydra's: a single run's (run_composed), or each job's of a sweep (train_app)."""
     from hydra.types import RunMode
 
+    from rlrun.compose.hydra_compat import job_overrides
+
     hc = HydraConfig.get()
-    overrides = list(hc.overrides.task)
+    overrides = job_overrides(hc)
     run_dir = Path(hc.runtime.output_dir)
     try:
         with _job_folder(cfg, run_dir):
@@ -228,6 +230,7 @@ def seed_job(cfg: DictConfig) -> SeedJob | None:
     """The batched launcher's task for each job of a batch, inside Hydra's job (its folder, .hydra/ and train.log
     made): the job's config, checked, and its folder held until train_seed_jobs lets it go; None for a job that
     has nothing to do (resume=auto of a complete run), which says so."""
+    from rlrun.compose.hydra_compat import job_overrides
     from rlrun.run_folder import hold, release
 
     hc = HydraConfig.get()
@@ -235,7 +238,7 @@ def seed_job(cfg: DictConfig) -> SeedJob | None:
     with user_errors():
         hold(run_dir)
         try:
-            typed, config_yaml, state = _job_config(cfg, hc, list(hc.overrides.task), run_dir)
+            typed, config_yaml, state = _job_config(cfg, hc, job_overrides(hc), run_dir)
         except NothingToDo as e:
             release(run_dir)
             logging.getLogger("rlrun").info("%s", e)
@@ -243,7 +246,7 @@ def seed_job(cfg: DictConfig) -> SeedJob | None:
         except BaseException:
             release(run_dir)
             raise
-    return SeedJob(typed, config_yaml, state, tuple(hc.overrides.task), run_dir)
+    return SeedJob(typed, config_yaml, state, tuple(job_overrides(hc)), run_dir)
 
 
 def train_seed_jobs(jobs: list[SeedJob], sweep_dir: Path) -> list[float]:

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from rlrun.errors import UserError
 from rlrun.run_folder import abandoned
+from rlrun.run_record import as_typed
 from rlrun.stats import (
     align_curves,
     bootstrap_ci,
@@ -117,9 +118,9 @@ def _mean(values: list[float | None]) -> float:
 
 def _overrides(folder: Path, summary: dict[str, Any]) -> list[str]:
     if summary.get("overrides") is not None:
-        return list(summary["overrides"])
+        return as_typed(list(summary["overrides"]))
     saved = folder / ".hydra" / "overrides.yaml"
-    return list(yaml.safe_load(saved.read_text()) or []) if saved.exists() else []
+    return as_typed(list(yaml.safe_load(saved.read_text()) or [])) if saved.exists() else []
 
 
 def _seed(run: Run) -> object:

@@ -80,9 +80,15 @@ class RunRecord:
         return self.episodes_before or 0
 
 
+def as_typed(overrides: list[str]) -> list[str]:
+    """Overrides as a command line types them: Hydra's sweeper writes a deletion (`~tuned`) as `~tuned=null`, in a
+    job's .hydra/ and its HydraConfig, which labels and tracker tags would show and identities would tell apart."""
+    return [o.removesuffix("=null") if o.startswith("~") else o for o in overrides]
+
+
 def identity(overrides: list[str]) -> list[str]:
     """The overrides that make a run what it is: without where it resumed from and its budget."""
-    return [o for o in overrides if not o.startswith(NOT_IDENTITY)]
+    return [o for o in as_typed(overrides) if not o.startswith(NOT_IDENTITY)]
 
 
 def _folder_overrides(folder: Path | None) -> list[str]:

@@ -109,6 +109,14 @@ def error_line(ex: Exception, defaults: DictConfig) -> str:
     return text
 
 
+def job_overrides(hc: Any) -> list[str]:
+    """The overrides of this Hydra job (hc: its HydraConfig) as typed (run_record.as_typed): what its summary and
+    trackers record."""
+    from rlrun.run_record import as_typed
+
+    return as_typed(list(hc.overrides.task))
+
+
 def override_key(line: str) -> str:
     """The key or config group an override line sets: algo.lr of `+algo.lr=1`, tuned of `~tuned`."""
     return line.split("=", 1)[0].lstrip("+~")

@@ -82,6 +82,17 @@ def test_sweep_then_report_matches_the_runs_own_summaries(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_preset_decision_reads_as_typed_in_summaries_and_the_report(tmp_path):
+    """env.id=Acrobot-v1 on the cartpole group: the pre-flight adds `~tuned` (CartPole's presets do not apply), which
+    Hydra's sweeper hands each job as `~tuned=null`; the summaries and the report say `~tuned`."""
+    sweep = run_sweep(tmp_path, "env.id=Acrobot-v1", "algo.lr=1e-3,3e-4")
+    assert [s["overrides"].count("~tuned") for s in summaries(sweep).values()] == [1, 1]
+    out = rlrun("report", str(sweep), cwd=tmp_path)
+    assert out.returncode == 0 and "~tuned" in out.stdout and "=null" not in out.stdout, out.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     (tmp_path / "fragile_envs.py").write_text(FRAGILE)
     sweep = run_sweep(tmp_path, "env.id=Fragile-v0,CartPole-v1", "env.imports=[fragile_envs]")
