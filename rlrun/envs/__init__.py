@@ -111,9 +111,32 @@ def check_env_id(env_id: str) -> None:
     hint = _package_hint(env_id)
     if hint is not None:
         raise UserError(f"unknown env id '{env_id}': {hint}")
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+    close = close_env_ids(env_id, list(gym.registry))
     hint = f"; did you mean {', '.join(close)}?" if close else " (gymnasium ids look like CartPole-v1, ALE/Pong-v5)"
     raise UserError(f"unknown env id '{env_id}'{hint}")
+
+
+def close_env_ids(env_id: str, ids: list[str]) -> list[str]:
+    """Up to 3 registered ids whose names (without the version, in any case) are close to env_id's, each at the
+    version asked for where it has one, else its newest. Matching whole ids let the shared `-v0` outweigh the name
+    (Nope-v0 came out as Gopher-v0, Hopper-v5)."""
+    versions: dict[str, dict[str, int]] = {}  # lowercased name -> {id: version}
+    for registered in ids:
+        name, version = _name_version(registered)
+        versions.setdefault(name.lower(), {})[registered] = version
+    name, version = _name_version(env_id)
+    close = difflib.get_close_matches(name.lower(), list(versions), n=3, cutoff=0.75)
+    return [_at_version(versions[c], version) for c in close]
+
+
+def _name_version(env_id: str) -> tuple[str, int]:
+    match = re.fullmatch(r"(.*)-v(\d+)", env_id)
+    return (match.group(1), int(match.group(2))) if match else (env_id, -1)
+
+
+def _at_version(ids: dict[str, int], version: int) -> str:
+    asked = [i for i, v in ids.items() if v == version]
+    return asked[0] if asked else max(ids, key=lambda i: ids[i])
 
 
 def env_spaces(cfg: EnvConfig, checker_warnings: list[str] | None = None) -> tuple[gym.Space[Any], gym.Space[Any]]:

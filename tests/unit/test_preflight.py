@@ -47,6 +47,10 @@ BAD_TRAIN = [
     (["model=lstm", "algo.num_minibatches=16"], "algo.num_minibatches=16 must divide env.num_envs=8 for model=lstm"),
     (["model=gru", "model.shared=false"], "model.shared=false: gru shares its encoder and core"),
     (["env.id=CartPol-v1"], "unknown env id 'CartPol-v1'; did you mean CartPole-v1"),
+    # names matched without their versions (the shared -v0 made Nope-v0 close to Gopher-v0 and Hopper-v5)
+    (["env.id=Nope-v0"], "unknown env id 'Nope-v0' (gymnasium ids look like CartPole-v1, ALE/Pong-v5)"),
+    (["env.id=LunarLander-v2"], "unknown env id 'LunarLander-v2'; did you mean LunarLander-v3?"),
+    (["env.id=acrobat-v1"], "unknown env id 'acrobat-v1'; did you mean Acrobot-v1?"),
     (["-m", "seed=1,2", "algo.lr=0.1,-2"], "algo.lr=-2.0: must be > 0"),
     (["resume=does/not/exist"], "checkpoint not found"),
     (["seed"], "cannot parse overrides"),
