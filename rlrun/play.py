@@ -67,7 +67,8 @@ def play_env(cfg: PlayConfig, trained: EnvConfig) -> EnvConfig:
     if obs != other_obs or actions != other_actions:
         raise UserError(
             f"env.id={cfg.env.id}: its spaces differ from those of {trained.id}, which the agent was trained on "
-            f"(observations {_space(other_obs)} vs {_space(obs)}, actions {_space(other_actions)} vs {_space(actions)})"
+            f"(as the agent takes them, after rlrun's wrappers: observations {_space(other_obs)} vs {_space(obs)}, "
+            f"actions {_space(other_actions)} vs {_space(actions)})"
         )
     return other
 

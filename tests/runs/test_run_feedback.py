@@ -124,6 +124,8 @@ def test_play_has_its_own_help_logs_its_table_and_writes_one_whole_video_per_epi
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "env.id=ID" in refused.stderr
     other = rlrun("play", f"checkpoint={run}", "env.id=Acrobot-v1", cwd=tmp_path)
     assert other.returncode == 2 and "env.id=Acrobot-v1: its spaces differ from those of CartPole-v1" in other.stderr
+    # the spaces the network takes (an HWC image is channels-first there), said to be so
+    assert "(as the agent takes them, after rlrun's wrappers: observations Box(6,) float32 vs Box(4,)" in other.stderr
     # Sampled actions (deterministic=false) come from the play's seed too: the same seed plays the same episodes.
     tables = [
         rlrun("play", f"checkpoint={run}", "deterministic=false", "episodes=4", f"seed={seed}", cwd=tmp_path).stdout
