@@ -56,13 +56,19 @@ class Checkpoints:
             "cursor": algo.rank_state(),
         }
         state = {"config": run.config_yaml, "iteration": at.iteration, "algo": algo.state_dict()}
-        state |= {"ranks": ctx.all_gather(own), "run_log": self.run_log.state()}
+        state |= {"ranks": ctx.all_gather(own)}
         return self.parts.checkpointer.save(state | self.run_state(at.env_steps), at.env_steps)
 
     def run_state(self, env_steps: int) -> dict[str, Any]:
-        """What the run as a whole carries across sessions: its record so far, its iteration size and schedule."""
+        """What the run as a whole carries across sessions (the same on every rank, so a recovery checkpoint has it
+        too): its record so far, its iteration size and schedule, and the run log's episodes not logged yet."""
         record = self.parts.record.checkpoint(env_steps, self.clock.seconds(), self.run_log.episodes)
-        return {"record": record, "steps_per_iteration": self.per_iteration, "schedule": self.progress.state()}
+        return {
+            "record": record,
+            "steps_per_iteration": self.per_iteration,
+            "schedule": self.progress.state(),
+            "run_log": self.run_log.state(),
+        }
 
 
 def resume(run: Run, parts: Parts, run_log: RunLog, per_iteration: int) -> tuple[Position, Progress]:
@@ -88,6 +94,7 @@ def _restore(state: dict[str, Any], run: Run, parts: Parts, run_log: RunLog) -> 
     cfg, ctx, algo = run.cfg, run.ctx, parts.algo
     algo.load_state_dict(state["algo"])
     ranks = state["ranks"]
+    run_log.load_state(state.get("run_log"), ranks)
     # This rank's own state, in a checkpoint of this world size (a recovery checkpoint holds none).
     mine: dict[str, Any] | None = (ranks[ctx.rank] if len(ranks) == ctx.world_size else None) or None
     if mine is None:  # another world size, or a recovery checkpoint: fresh episodes on a new seed stream
@@ -95,7 +102,6 @@ def _restore(state: dict[str, Any], run: Run, parts: Parts, run_log: RunLog) -> 
         _fresh_episodes(run, parts, state["iteration"])
         return False
     set_rng_state(mine, ctx.device)
-    run_log.load_state(state.get("run_log"), ranks)
     shard = load_shard(Path(state["path"]), state["env_steps"], ctx.rank)
     # Env state of the kind these envs hold (a resume may change env.vector.backend: native's is another kind).
     exact = mine["envs"] is not None and mine.get("envs_kind", "wrappers") == _state_kind(parts.envs)

@@ -149,15 +149,18 @@ class RunLog:
         }
 
     def load_state(self, saved: dict[str, Any] | None, ranks: list[dict[str, Any]]) -> None:
-        """Continue from a checkpoint of this world size (`ranks`: each rank's own state in it). One from before
-        the run log kept each rank's episodes not logged yet, and its count, in the rank's own state."""
+        """Continue from a checkpoint's run log (`ranks`: each rank's own state in it): its episodes not logged yet
+        (the next line logs them), and each rank's count where the world size is the same (after another, each
+        rank counts from this session on). One from before the run log kept each rank's episodes not logged yet,
+        and its count, in the rank's own state (and a recovery checkpoint then had none)."""
         if saved is None:
             episodes = [e for r in ranks for e in r["episodes"]]
             returns, lengths = sum(float(r) for r, _ in episodes), sum(int(n) for _, n in episodes)
             saved = {"episodes": len(episodes), "return_sum": returns, "length_sum": lengths}
             saved["episodes_per_rank"] = [r["own_episodes"] for r in ranks]
         self.pending = Episodes(int(saved["episodes"]), float(saved["return_sum"]), int(saved["length_sum"]))
-        self.episodes_per_rank = np.array(saved["episodes_per_rank"], np.int64)
+        if len(saved["episodes_per_rank"]) == len(self.episodes_per_rank):
+            self.episodes_per_rank = np.array(saved["episodes_per_rank"], np.int64)
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,21 @@ def test_worker_env_failure_leaves_a_recovery_checkpoint_the_run_continues_from(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["resume"] == f"rlrun train resume={run}"
 
+    # The episodes that ended before the boundary and were not logged yet (no log line before the failure) are
+    # carried: the resume logs them, and each rank's count goes on (both were lost).
+    unlogged = state["run_log"]["episodes"]
+    assert unlogged > 0 and state["run_log"]["episodes_per_rank"] == [unlogged]
+
     (folder / "BREAK").unlink()
     out = rlrun("train", f"resume={run}", "total_steps=4096", cwd=folder)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
-    steps = [m["env_steps"] for m in read_jsonl(run / "metrics.jsonl")]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    metrics = read_jsonl(run / "metrics.jsonl")
+    steps = [m["env_steps"] for m in metrics]
     assert steps == sorted(steps) and steps[-1] == 4096
+    logged = sum(m.get("charts/episodes", 0) for m in metrics)
+    assert logged == summary["episodes"] == summary["episodes_per_rank"][0] > unlogged
 
 
 def test_failing_final_evaluation_keeps_the_final_checkpoint(folder):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from rlrun.distributed import RankContext
 from rlrun.training.run_log import RunLog
@@ -47,3 +48,14 @@ def test_one_gather_per_iteration_gives_every_rank_the_same_view_and_logging_nee
     assert line["charts/episodic_length"] == pytest.approx(4.0)
     assert line["losses/loss"] == 0.5 and line["charts/learning_rate"] == pytest.approx(0.1)  # means over ranks
     assert line["charts/iteration"] == 1 and "losses/epochs" not in line
+
+
+def test_the_unlogged_episodes_of_a_checkpoint_carry_over_to_another_world_size():
+    """A resume on one rank from a checkpoint of two (or from a recovery checkpoint, which holds no rank's state):
+    the episodes the checkpoint had not logged yet go into the next line (they were lost), and each rank's count
+    starts from this session, as it cannot be mapped onto the new ranks."""
+    run_log = RunLog(RankContext(0, 0, 1, 1, torch.device("cpu")), full_rollout=4)
+    run_log.load_state({"episodes": 3, "return_sum": 30.0, "length_sum": 12, "episodes_per_rank": [2, 1]}, ranks=[])
+    assert run_log.episodes_per_rank.tolist() == [0]
+    line = run_log.episode_metrics()
+    assert line["charts/episodes"] == 3 and line["charts/episodic_return"] == 10.0 and run_log.episodes == 3
