@@ -180,7 +180,9 @@ def train_task(cfg: DictConfig) -> float | None:
         from rlrun.run_folder import release
 
         release(run_dir)  # before a scheduler's handler, which may end the process before main's finally would
-        if hc.mode == RunMode.MULTIRUN and not _POOLED:  # the sweep stops here; the jobs after this one continue
+        if _POOLED:  # the sweep process ends the sweep, and passes a scheduler's warning on
+            sys.exit(128 + summary["signal"])
+        if hc.mode == RunMode.MULTIRUN:  # the sweep stops here; the jobs after this one continue with it
             end_interrupted_sweep(Path(hc.sweep.dir), summary["signal"])
         _end_interrupted(summary["signal"])
     return summary["eval_return_mean"]  # what a Hydra sweeper optimizes

@@ -29,10 +29,12 @@ def _exit(code: int) -> None:
 
 def start_worker(sweep_pid: int) -> None:
     """A worker process, before its first job: in a session of its own (a terminal's Ctrl-C reaches the sweep
-    process only, which sends it on once); a signal from the sweep process while no job runs is ignored (it
-    starts no job after one). If the sweep process dies, the worker sends itself SIGTERM once: a job stops as a
-    single run stops, then the worker ends (loky's would wait for a next job for good). A thread watches rather than
-    the kernel's PR_SET_PDEATHSIG, which sends its signal twice here (a second signal stops a run at once)."""
+    process only, which sends it on), its signals then let through (the sweep process blocked them while it started
+    the worker). A signal while no job runs is noted: the job it may be about to get (one the sweep process handed
+    out as the signal came) ends at once. If the sweep process dies, the worker sends itself SIGTERM once: a job
+    stops as a single run stops, then the worker ends (loky's would wait for a next job for good). A thread watches
+    rather than the kernel's PR_SET_PDEATHSIG, which sends its signal twice here (a second signal stops a run at
+    once)."""
     import threading
     import time
 
@@ -40,24 +42,31 @@ def start_worker(sweep_pid: int) -> None:
     _sweep_pid = sweep_pid
     os.setsid()
 
-    def idle(signum: int, frame: object) -> None:
-        if _orphaned():
-            _exit(128 + signum)
-
     def watch() -> None:
         while not _orphaned():
             time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGTERM)
 
     for s in STOPS:
-        signal.signal(s, idle)
+        signal.signal(s, _idle)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     threading.Thread(target=watch, name="rlrun-sweep-watch", daemon=True).start()
 
 
+_noted: int | None = None  # a signal that came while no job ran
+
+
+def _idle(signum: int, frame: object) -> None:
+    global _noted
+    if _orphaned():
+        _exit(128 + signum)
+    _noted = signum
+
+
 def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
-    """One job in a worker, as Hydra's joblib launcher runs it. A signal during its start-up (before training
-    takes the signals) ends it as a single run's start-up is ended, with exit status 128 + signal (SystemExit: the
-    sweep process gets it as the job's outcome) and no summary."""
+    """One job in a worker, as Hydra's joblib launcher runs it. A signal before training takes the signals (or
+    noted before the job came) ends it as a single run's start-up is ended, with exit status 128 + signal
+    (SystemExit: the sweep process gets it as the job's outcome) and no summary."""
     from hydra_plugins.hydra_joblib_launcher._core import execute_job
 
     from rlrun.cli import mark_pooled_job
@@ -68,6 +77,8 @@ def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
     previous = {s: signal.signal(s, interrupted) for s in STOPS}
     mark_pooled_job()
     try:
+        if _noted is not None:
+            raise SystemExit(128 + _noted)
         ran: JobReturn = execute_job(idx, overrides, *job)
         return ran
     finally:

@@ -1,21 +1,22 @@
-"""Hydra's launcher for `hydra/launcher=joblib` (conf/hydra/launcher/joblib.yaml): the jobs of a sweep in n_jobs
-parallel worker processes, as Hydra's joblib launcher runs them (its execute_job, in joblib's loky processes), but
-stopped as a single run is. Hydra's launcher hands the jobs to joblib.Parallel, which on Ctrl-C kills its workers
-mid-checkpoint (a .tmp checkpoint, no summary), and on a SIGTERM to the sweep's process dies alone, its workers
-training on and starting the jobs queued for them.
+"""Hydra's launcher for `hydra/launcher=joblib` (rlrun.compose.store registers it under that name): the jobs of a
+sweep in n_jobs parallel worker processes, as Hydra's joblib launcher runs them (its execute_job, in joblib's loky
+processes), but stopped as a single run is. Hydra's launcher hands the jobs to joblib.Parallel, which on Ctrl-C kills
+its workers mid-checkpoint (a .tmp checkpoint, no summary), and on a SIGTERM to the sweep's process dies alone, its
+workers training on and starting the jobs queued for them.
 
 Here the workers sit in their own sessions, so a signal reaches them only through this process: the first SIGINT
-or SIGTERM the sweep gets goes to each worker once (each job stops at its next iteration with a checkpoint, as a
-single run does), no job starts after it, and the sweep ends when the running jobs have, with the line that
-continues it; a second signal goes on to the workers (they stop at once, their summaries written). A worker whose
-sweep process dies is sent SIGTERM by the kernel (no orphans training on)."""
+or SIGTERM the sweep gets goes to each worker (each job stops at its next iteration with a checkpoint, as a single
+run does), no job starts after it, and the sweep ends when the running jobs have, with the line that continues it;
+a second signal goes on to the workers (they stop at once, their summaries written). A job that ends otherwise than
+a job of a sweep does (a signal only its worker got, an error outside the task) stops the others the same way. A
+worker whose sweep process dies stops its job and ends (_worker.py: no orphans training on)."""
 
 import contextlib
 import logging
 import os
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
 STOPS = (signal.SIGINT, signal.SIGTERM)
+WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # a scheduler's, before it preempts: a job stops at them too
 
 
 @dataclass
@@ -76,39 +78,68 @@ class JoblibLauncher(Launcher):
         returns: dict[int, JobReturn] = {}
         queued = list(enumerate(job_overrides))
         running: dict[Future[JobReturn], int] = {}
-        with _Stop() as stop, ProcessPoolExecutor(n_jobs, initializer=start_worker, initargs=(os.getpid(),)) as pool:
-            stop.pool = pool
-            while queued or running:
-                # One job a free worker at a time: nothing waits in a queue to start after a signal.
-                while queued and len(running) < n_jobs and stop.signum is None:
-                    idx, overrides = queued.pop(0)
-                    running[pool.submit(run_job, initial_job_idx + idx, overrides, *job)] = idx
-                if not running:
-                    break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    try:
-                        returns[running.pop(future)] = _outcome(future, stop)
-                    except BrokenProcessPool as e:  # loky ends the other workers too
-                        codes = re.search(r"exit codes of the workers are (\{.*?\})", str(e))
-                        fail(
-                            f"a worker process of the sweep died ({codes.group(1) if codes else e}), and the jobs "
-                            f"running in the others with it; continue the sweep with: {resume_command(sweep_dir)}",
-                            1,
-                        )
-        if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
-            end_interrupted_sweep(sweep_dir, stop.signum)
+        ended: list[str] = []  # why the sweep ends early other than by a signal, one line
+        with _Stop() as stop:
+            with ProcessPoolExecutor(n_jobs, initializer=start_worker, initargs=(os.getpid(),)) as pool:
+                stop.pool = pool
+                while queued or running:
+                    # One job a free worker at a time: nothing waits in a queue to start after a signal.
+                    while queued and len(running) < n_jobs and stop.signum is None and not ended:
+                        idx, overrides = queued.pop(0)
+                        try:
+                            # Signals wait until the worker it may start holds its own (loky's fork and exec keep
+                            # the mask): a new worker has no session of its own yet, nor rlrun's handlers.
+                            with _signals_blocked():
+                                future = pool.submit(run_job, initial_job_idx + idx, overrides, *job)
+                        except BrokenProcessPool as e:
+                            ended.append(_died(e))
+                            break
+                        running[future] = idx
+                    if not running:
+                        break
+                    done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+                    stop.reach_new_workers()
+                    for future in done:
+                        idx = running.pop(future)
+                        try:
+                            returns[idx] = _outcome(future, stop)
+                        except BrokenProcessPool as e:  # loky has ended the other workers too
+                            ended.append(_died(e))
+                        except BaseException as e:  # outside the task's own handling (a full disk for .hydra/)
+                            ended.append(f"job {initial_job_idx + idx} failed: {type(e).__name__}: {e}")
+                            stop.request(signal.SIGTERM)  # the others stop with their checkpoints
+            if ended:
+                fail(f"{ended[0]}; continue the sweep with: {resume_command(sweep_dir)}", 1)
+            if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
+                end_interrupted_sweep(sweep_dir, stop.signum)
         return [returns[idx] for idx in range(len(job_overrides))]
 
 
+def _died(e: BrokenProcessPool) -> str:
+    codes = re.search(r"exit codes of the workers are (\{.*?\})", str(e))
+    return f"a worker process of the sweep died ({codes.group(1) if codes else e}), and the jobs running beside it ended with it"
+
+
+@contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+
+
 class _Stop:
-    """The sweep process's SIGINT/SIGTERM handler while its jobs run: it records the first signal and sends every
-    signal on to the workers (which a terminal's Ctrl-C does not reach: they are in their own sessions)."""
+    """The sweep process's SIGINT/SIGTERM handler while its jobs run: it records the first signal (the sweep's exit
+    status) and sends every signal on to the workers (which a terminal's Ctrl-C does not reach: they are in their
+    own sessions)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.pool: Any = None
         self._previous: dict[int, Any] = {}
+        self._sending: int | None = None  # the last signal, and the workers that have had it
+        self._sent: set[int] = set()
 
     def __enter__(self) -> "_Stop":
         self._previous = {s: signal.signal(s, self._handle) for s in STOPS}
@@ -119,23 +150,37 @@ class _Stop:
             signal.signal(s, handler)
 
     def _handle(self, signum: int, frame: object) -> None:
+        self.request(signum)
+
+    def request(self, signum: int, send: int | None = None) -> None:
+        """Stop the sweep for `signum` (the first one counts): every worker gets it (or `send`)."""
         if self.signum is None:
             self.signum = signum
-        # loky keeps its workers by pid in _processes, as concurrent.futures does; idle workers ignore the signal.
+        self._sending, self._sent = send or signum, set()
+        self.reach_new_workers()
+
+    def reach_new_workers(self) -> None:
+        """Send the last signal to the workers that have not had it (loky keeps them by pid in _processes, as
+        concurrent.futures does; one may have started since): a job stops, an idle worker only notes it."""
+        if self._sending is None:
+            return
         for pid in list(getattr(self.pool, "_processes", None) or {}):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+            if pid not in self._sent:
+                self._sent.add(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, self._sending)
 
 
 def _outcome(future: Future[JobReturn], stop: _Stop) -> JobReturn:
     """A finished job's JobReturn. A job a signal stopped ended as a single run ends (SystemExit 128 + signal, also
-    during its start-up, before training took the signals): the sweep stops with it."""
+    during its start-up, before training took the signals): the sweep stops with it, and so do the other jobs (the
+    signal may have been its worker's alone: a scheduler's warning, say)."""
     try:
         return future.result()
     except SystemExit as e:
         signum = e.code - 128 if isinstance(e.code, int) else None
-        if signum not in STOPS:
+        if signum not in STOPS + WARNINGS:
             raise
         if stop.signum is None:
-            stop.signum = signum
+            stop.request(signum, send=signal.SIGTERM if signum in WARNINGS else signum)
         return JobReturn()

@@ -181,19 +181,23 @@ def alive(pids: list[int], wait: float) -> list[int]:
 
 @pytest.mark.slow  # two workers' start-ups, and a resume
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigterm-to-a-worker"])
 def test_a_signal_stops_a_parallel_sweep_with_a_checkpoint_in_each_running_job(tmp_path, how):
-    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to the sweep's process, while a joblib sweep runs
-    two of its three jobs: both stop at their next iteration with a checkpoint and an interrupted summary (Hydra's
-    joblib launcher killed them mid-checkpoint, or on SIGTERM left them training and starting the third job), the
-    third does not start, no worker is left, and the last line continues the sweep, which then completes."""
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM to the sweep's process, or to one worker alone,
+    while a joblib sweep runs two of its three jobs: both stop at their next iteration with a checkpoint and an
+    interrupted summary (Hydra's joblib launcher killed them mid-checkpoint, or on SIGTERM left them training and
+    starting the third job), the third does not start, no worker is left, and the last line continues the sweep,
+    which then completes."""
     proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1,2")
     try:
-        assert len(workers) >= 2
+        loky = [pid for pid in workers if b"LokyProcess" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(loky) == 2, workers
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
-        else:
+        elif how == "sigterm":
             proc.send_signal(signal.SIGTERM)
+        else:  # a signal only that job got: the other one stops with it
+            os.kill(loky[0], signal.SIGTERM)
         proc.wait(timeout=60)
     finally:
         finish(proc, 10)
