@@ -117,7 +117,8 @@ class JoblibLauncher(Launcher):
 
 def _died(e: BrokenProcessPool) -> str:
     codes = re.search(r"exit codes of the workers are (\{.*?\})", str(e))
-    return f"a worker process of the sweep died ({codes.group(1) if codes else e}), and the jobs running beside it ended with it"
+    died = codes.group(1) if codes else e
+    return f"a worker process of the sweep died ({died}), and the jobs running beside it ended with it"
 
 
 @contextlib.contextmanager
