@@ -48,6 +48,7 @@ class JoblibLauncher(Launcher):
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
+        self.pool: Any = None  # loky's ProcessPoolExecutor, once started
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
@@ -63,9 +64,9 @@ class JoblibLauncher(Launcher):
             fail("hydra/launcher=joblib needs the sweep extra: pip install 'rlrun[sweep]'")
         # The workers' functions come from a module imported as usual: cloudpickle sends them by reference, where this
         # module's (which Hydra's plugin scan loads outside sys.modules) would go by value, each with its own globals.
-        from hydra_plugins.rlrun_joblib_launcher._worker import run_job, start_worker
+        from hydra_plugins.rlrun_joblib_launcher._worker import start_worker
 
-        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        assert self.config is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -74,45 +75,58 @@ class JoblibLauncher(Launcher):
         log.info("Launching %d jobs, %d at a time, sweep output dir : %s", len(job_overrides), n_jobs, sweep_dir)
         for idx, overrides in enumerate(job_overrides):
             log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
+        if self.pool is None:  # one for the whole sweep: a sweeper's batches (Optuna's trials) reuse its workers
+            workers = effective_n_jobs(self.n_jobs)
+            self.pool = ProcessPoolExecutor(workers, initializer=start_worker, initargs=(os.getpid(),))
+        with _Stop() as stop:
+            stop.pool = self.pool
+            returns, ended = self._run(list(job_overrides), initial_job_idx, n_jobs, stop)
+            if ended:
+                fail(f"{ended}; continue the sweep with: {resume_command(sweep_dir)}", 1)
+            if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
+                end_interrupted_sweep(sweep_dir, stop.signum)
+        return [returns[idx] for idx in range(len(job_overrides))]
+
+    def _run(
+        self, job_overrides: list[Sequence[str]], first: int, n_jobs: int, stop: "_Stop"
+    ) -> tuple[dict[int, JobReturn], str | None]:
+        """Each job's JobReturn, by its place in job_overrides, and why the sweep ended early other than by a
+        signal (one line), or None."""
+        from hydra_plugins.rlrun_joblib_launcher._worker import run_job
+
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
         job = (self.hydra_context, self.config, self.task_function, Singleton.get_state())
         returns: dict[int, JobReturn] = {}
         queued = list(enumerate(job_overrides))
         running: dict[Future[JobReturn], int] = {}
-        ended: list[str] = []  # why the sweep ends early other than by a signal, one line
-        with _Stop() as stop:
-            with ProcessPoolExecutor(n_jobs, initializer=start_worker, initargs=(os.getpid(),)) as pool:
-                stop.pool = pool
-                while queued or running:
-                    # One job a free worker at a time: nothing waits in a queue to start after a signal.
-                    while queued and len(running) < n_jobs and stop.signum is None and not ended:
-                        idx, overrides = queued.pop(0)
-                        try:
-                            # Signals wait until the worker it may start holds its own (loky's fork and exec keep
-                            # the mask): a new worker has no session of its own yet, nor rlrun's handlers.
-                            with _signals_blocked():
-                                future = pool.submit(run_job, initial_job_idx + idx, overrides, *job)
-                        except BrokenProcessPool as e:
-                            ended.append(_died(e))
-                            break
-                        running[future] = idx
-                    if not running:
-                        break
-                    done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
-                    stop.reach_new_workers()
-                    for future in done:
-                        idx = running.pop(future)
-                        try:
-                            returns[idx] = _outcome(future, stop)
-                        except BrokenProcessPool as e:  # loky has ended the other workers too
-                            ended.append(_died(e))
-                        except BaseException as e:  # outside the task's own handling (a full disk for .hydra/)
-                            ended.append(f"job {initial_job_idx + idx} failed: {type(e).__name__}: {e}")
-                            stop.request(signal.SIGTERM)  # the others stop with their checkpoints
-            if ended:
-                fail(f"{ended[0]}; continue the sweep with: {resume_command(sweep_dir)}", 1)
-            if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
-                end_interrupted_sweep(sweep_dir, stop.signum)
-        return [returns[idx] for idx in range(len(job_overrides))]
+        ended: list[str] = []
+        while queued or running:
+            # One job a free worker at a time: nothing waits in a queue to start after a signal.
+            while queued and len(running) < n_jobs and stop.signum is None and not ended:
+                idx, overrides = queued.pop(0)
+                try:
+                    # Signals wait until the worker it may start holds its own (loky's fork and exec keep the
+                    # mask): a new worker has no session of its own yet, nor rlrun's handlers.
+                    with _signals_blocked():
+                        future = self.pool.submit(run_job, first + idx, overrides, *job)
+                except BrokenProcessPool as e:
+                    ended.append(_died(e))
+                    break
+                running[future] = idx
+            if not running:
+                break
+            done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
+            stop.reach_new_workers()
+            for future in done:
+                idx = running.pop(future)
+                try:
+                    returns[idx] = _outcome(future, stop)
+                except BrokenProcessPool as e:  # loky has ended the other workers too
+                    ended.append(_died(e))
+                except BaseException as e:  # outside the task's own handling (a full disk for .hydra/)
+                    ended.append(f"job {first + idx} failed: {type(e).__name__}: {e}")
+                    stop.request(signal.SIGTERM)  # the others stop with their checkpoints
+        return returns, ended[0] if ended else None
 
 
 def _died(e: BrokenProcessPool) -> str:
