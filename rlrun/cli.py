@@ -321,15 +321,23 @@ def _report(args: list[str]) -> None:
 
 
 def _interrupted(signum: int, frame: object) -> None:
-    raise Interrupted
+    raise Interrupted(signum)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlrun.job_env import launched_externally
+
     signal.signal(signal.SIGINT, _interrupted)  # not Python's own: see Interrupted
+    # SIGTERM at start-up as Ctrl-C: one line, and the run folder let go (it ended the process at once, silently,
+    # leaving the lock file). Not in a rank of a job: a Python handler cannot run while the rank waits in the C++
+    # rendezvous for a peer that may never come, and SIGTERM's default is what ends it then.
+    if not launched_externally():
+        signal.signal(signal.SIGTERM, _interrupted)
     try:
         _command(sys.argv[1:] if argv is None else argv)
-    except KeyboardInterrupt:  # Ctrl-C before training took over the signals (start-up), or a second one in play
-        fail("interrupted", 128 + signal.SIGINT)
+    except KeyboardInterrupt as e:  # a signal before training took over the signals (start-up), or a second in play
+        signum = e.args[0] if isinstance(e, Interrupted) and e.args else signal.SIGINT
+        fail("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}", 128 + signum)
 
 
 def _command(argv: list[str]) -> None:

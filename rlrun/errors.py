@@ -3,10 +3,11 @@ cannot go on through, the machine's (Fault) or its numbers' (NonFiniteError) (ex
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) where training's own handler is not listening (start-up, play): what the CLI's handler raises
-    instead of a plain KeyboardInterrupt. CPython marks a plain one that passes through code run by exec() or eval()
-    of a string (dataclasses and namedtuples make their methods so, in many imports) as unhandled, even when the CLI
-    then handles it, and `python -m rlrun` ends by SIGINT, not with its own exit status; it checks the exact type."""
+    """Ctrl-C (SIGINT), or SIGTERM, where training's own handler is not listening (start-up, play): what the CLI's
+    handler raises instead of a plain KeyboardInterrupt, with the signal as its argument. CPython marks a plain one
+    that passes through code run by exec() or eval() of a string (dataclasses and namedtuples make their methods so,
+    in many imports) as unhandled, even when the CLI then handles it, and `python -m rlrun` ends by SIGINT, not with
+    its own exit status; it checks the exact type."""
 
 
 class NothingToDo(Exception):

@@ -145,6 +145,7 @@ def _worker(
     _PARENT_ENDS.clear()
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the rank decides
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's start-up handler, which the fork copied
     _limit_threads()
     _yield_on_wakeup()
     envs: list[gym.Env] = []

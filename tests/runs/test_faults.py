@@ -184,15 +184,20 @@ def test_check_finite_false_lets_an_env_return_nan(folder):
     assert "the PPO gradient norm is NaN" in out.stderr
 
 
-def test_ctrl_c_during_start_up_is_one_line(folder):
-    """SIGINT as soon as the run folder is made (then rlrun imports torch and makes the envs): exit 130 within
-    seconds, no traceback."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_start_up_is_one_line(folder, signum):
+    """SIGINT or SIGTERM as soon as the run folder is made (then rlrun imports torch and makes the envs): exit 130
+    or 143 within seconds, one line, no traceback, and the folder let go (SIGTERM ended the process silently, its
+    lock file left)."""
     proc = _start(folder, folder / "run", "total_steps=100000")
     _wait_for(folder / "run" / ".hydra", proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr, seconds = finish(proc, 30)
-    assert seconds < 10 and proc.returncode == 128 + signal.SIGINT, stderr
+    assert seconds < 10 and proc.returncode == 128 + signum, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    line = "rlrun: error: interrupted" if signum == signal.SIGINT else "rlrun: error: stopped by SIGTERM"
+    assert stderr.strip().splitlines()[-1] == line, stderr
+    assert not (folder / "run" / ".rlrun.lock").exists()
 
 
 def test_ctrl_c_inside_code_made_by_exec_still_exits_130(folder):
