@@ -24,14 +24,15 @@ class RunRecord:
     before: list[dict[str, Any]]
     episodes_before: int | None  # None: not known (a checkpoint from before run records)
 
-    def __init__(self, overrides: list[str], resume_state: dict[str, Any] | None):
+    def __init__(self, overrides: list[str], resume_state: dict[str, Any] | None, run_dir: Path | None = None):
         self.start_time = time.perf_counter()
         self.started = False  # whether this session has started training (a resume that fails before: no record)
         mine = [o for o in overrides if not o.startswith("resume=")]
         self.session = {"overrides": mine, "resumed_from": resume_state["path"] if resume_state else None}
         self.start_steps = resume_state["env_steps"] if resume_state else 0
         if resume_state is None:
-            self.original, self.before, self.episodes_before = mine, [], 0
+            first = _budget_the_sweep_began_with(mine, run_dir) if "resume=auto" in overrides else mine
+            self.original, self.before, self.episodes_before = first, [], 0
             return
         saved = resume_state.get("record")
         origin = run_dir_of(Path(resume_state["path"]))
@@ -89,6 +90,34 @@ def as_typed(overrides: list[str]) -> list[str]:
 def identity(overrides: list[str]) -> list[str]:
     """The overrides that make a run what it is: without where it resumed from and its budget."""
     return [o for o in as_typed(overrides) if not o.startswith(NOT_IDENTITY)]
+
+
+def _budget_the_sweep_began_with(overrides: list[str], run_dir: Path | None) -> list[str]:
+    """The overrides of a job that first starts in a resumed sweep (resume=SWEEP total_steps=N gives each job
+    resume=auto), with the budget its sweep began with, as the jobs that started before keep it in their identity
+    (the report groups them by it): taken from the record of one of them; its own when none has one, or when the
+    sweep sweeps total_steps (then a resume cannot set it)."""
+    if run_dir is None or _sweeps_total_steps(run_dir.parent / "multirun.yaml"):
+        return overrides
+    for sibling in sorted(p for p in run_dir.parent.iterdir() if p.is_dir() and p != run_dir):
+        summary = _summary(sibling)
+        if summary.get("sessions") and summary.get("overrides") is not None:  # a run's record, not a failed start's
+            began = [o for o in summary["overrides"] if o.startswith("total_steps=")]
+            return [o for o in overrides if not o.startswith("total_steps=")] + began
+    return overrides
+
+
+def _sweeps_total_steps(multirun: Path) -> bool:
+    """Whether the sweep whose multirun.yaml this is sweeps total_steps; True where there is no sweep to read."""
+    from rlrun.compose.hydra_compat import COMPOSITION_ERRORS, parse_overrides
+
+    try:
+        hydra = yaml.safe_load(multirun.read_text())["hydra"]
+        line = [o for o in hydra["overrides"]["task"] or [] if o.startswith("total_steps=")]
+        searched = "total_steps" in (hydra.get("sweeper", {}).get("params") or {})  # Optuna's search space, say
+        return searched or any(o.is_sweep_override() for o in parse_overrides(line))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, *COMPOSITION_ERRORS):  # none, or unreadable
+        return True
 
 
 def _folder_overrides(folder: Path | None) -> list[str]:

@@ -100,7 +100,7 @@ def open_parts(run: Run) -> LocalParts:
     seeds = env_seeds(cfg.seed, ctx.rank, cfg.env.num_envs)
     envs = make_vector_env(cfg.env, cfg.env.num_envs, True, seeds, arrays)
     evaluator = Evaluator(cfg, ctx.device) if ctx.is_main else NullEvaluator()
-    record = RunRecord(list(run.overrides), run.resume_state)
+    record = RunRecord(list(run.overrides), run.resume_state, run.run_dir)
     logger = open_logger(run, record.original) if ctx.is_main else NullLogger()
     evaluator.report_to(logger)  # only now: the bar's thread must not run while eval workers fork
     checkpointer = (

@@ -103,10 +103,12 @@ def test_a_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert rows["Fragile-v0"]["failed"] == 1 and rows["CartPole-v1"]["failed"] == 0
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow  # a sweep stopped, then resumed
+@pytest.mark.timeout(300)
 def test_a_signal_stops_a_sweep_with_the_line_that_continues_the_sweep(tmp_path):
     """SIGINT in the first job of a basic-launcher sweep: that job stops with its checkpoint and resume line, the
-    jobs after it do not start, and the console's last line continues the whole sweep, not the one job."""
+    jobs after it do not start, and the console's last line continues the whole sweep, not the one job, which then
+    completes as one group of runs."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "rlrun", "train", "-m", "seed=0,1", "total_steps=400000", "logging.progress=plain"]
     cmd += ["logging.every_steps=2048", "eval.episodes=1", f"hydra.sweep.dir={sweep}"]
@@ -124,6 +126,17 @@ def test_a_signal_stops_a_sweep_with_the_line_that_continues_the_sweep(tmp_path)
     assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}", out[-2000:]
     assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "interrupted"
     assert not (sweep / "1").exists()
+
+    # Continued with a smaller budget: job 0 from its checkpoint, job 1 from the start. Job 1 takes the budget the
+    # sweep began with into its identity, as job 0 keeps it, so the report has one group of two runs (it had two).
+    out = rlrun("train", f"resume={sweep}", "total_steps=4096", cwd=tmp_path, timeout=200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = summaries(sweep)
+    assert [runs[j]["status"] for j in "01"] == ["completed"] * 2
+    assert runs["1"]["overrides"].count("total_steps=400000") == 1, runs["1"]["overrides"]
+    assert runs["1"]["sessions"][0]["overrides"].count("total_steps=4096") == 1
+    (group,) = group_runs(find_runs([sweep]))
+    assert len(group.runs) == 2
 
 
 @pytest.mark.timeout(240)
