@@ -23,7 +23,7 @@ from rich.table import Table
 
 from rlrun.errors import UserError
 from rlrun.run_folder import abandoned
-from rlrun.run_record import as_typed
+from rlrun.run_record import recorded_overrides
 from rlrun.stats import (
     align_curves,
     bootstrap_ci,
@@ -116,13 +116,6 @@ def _mean(values: list[float | None]) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def _overrides(folder: Path, summary: dict[str, Any]) -> list[str]:
-    if summary.get("overrides") is not None:
-        return as_typed(list(summary["overrides"]))
-    saved = folder / ".hydra" / "overrides.yaml"
-    return as_typed(list(yaml.safe_load(saved.read_text()) or [])) if saved.exists() else []
-
-
 def _seed(run: Run) -> object:
     """A run's seed: its summary's, or for a run without one in its summary (failed early) its composed config's."""
     if "seed" in run.summary:
@@ -188,7 +181,7 @@ def load_run(folder: Path) -> Run:
             summary, status = {"error": f"unreadable summary.json: {e}"}, "failed"
             log.warning("%s: unreadable summary (%s); counted as failed", summary_path, e)
     env_id, algo = _env_and_algo(folder, summary)
-    return Run(folder, _overrides(folder, summary), status, summary, env_id, algo, _curves(folder))
+    return Run(folder, recorded_overrides(folder, summary), status, summary, env_id, algo, _curves(folder))
 
 
 def find_runs(roots: Sequence[Path]) -> list[Run]:

@@ -120,14 +120,16 @@ def _sweeps_total_steps(multirun: Path) -> bool:
         return True
 
 
-def _folder_overrides(folder: Path | None) -> list[str]:
-    if folder is None:
-        return []
-    summary = _summary(folder)
+def recorded_overrides(folder: Path, summary: dict[str, Any]) -> list[str]:
+    """A run folder's overrides as typed: its record's (`summary`, its summary.json read), else its Hydra job's."""
     if summary.get("overrides") is not None:
-        return identity(list(summary["overrides"]))
+        return as_typed(list(summary["overrides"]))
     saved = folder / ".hydra" / "overrides.yaml"
-    return identity(list(yaml.safe_load(saved.read_text()) or [])) if saved.exists() else []
+    return as_typed(list(yaml.safe_load(saved.read_text()) or [])) if saved.exists() else []
+
+
+def _folder_overrides(folder: Path | None) -> list[str]:
+    return [] if folder is None else identity(recorded_overrides(folder, _summary(folder)))
 
 
 def _summary(folder: Path | None) -> dict[str, Any]:

@@ -29,8 +29,11 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+# The workers' functions come from a module imported as usual: cloudpickle sends them by reference, where this
+# module's (which Hydra's plugin scan loads outside sys.modules) would go by value, each with its own globals.
+from hydra_plugins.rlrun_joblib_launcher._worker import STOPS, run_job, start_worker
+
 log = logging.getLogger(__name__)
-STOPS = (signal.SIGINT, signal.SIGTERM)
 WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # a scheduler's, before it preempts: a job stops at them too
 
 
@@ -62,21 +65,17 @@ class JoblibLauncher(Launcher):
             from joblib.externals.loky import ProcessPoolExecutor
         except ImportError:
             fail("hydra/launcher=joblib needs the sweep extra: pip install 'rlrun[sweep]'")
-        # The workers' functions come from a module imported as usual: cloudpickle sends them by reference, where this
-        # module's (which Hydra's plugin scan loads outside sys.modules) would go by value, each with its own globals.
-        from hydra_plugins.rlrun_joblib_launcher._worker import start_worker
-
         assert self.config is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        n_jobs = min(effective_n_jobs(self.n_jobs), len(job_overrides))
+        workers = effective_n_jobs(self.n_jobs)
+        n_jobs = min(workers, len(job_overrides))
         log.info("Launching %d jobs, %d at a time, sweep output dir : %s", len(job_overrides), n_jobs, sweep_dir)
         for idx, overrides in enumerate(job_overrides):
             log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
         if self.pool is None:  # one for the whole sweep: a sweeper's batches (Optuna's trials) reuse its workers
-            workers = effective_n_jobs(self.n_jobs)
             self.pool = ProcessPoolExecutor(workers, initializer=start_worker, initargs=(os.getpid(),))
         with _Stop() as stop:
             stop.pool = self.pool
@@ -92,8 +91,6 @@ class JoblibLauncher(Launcher):
     ) -> tuple[dict[int, JobReturn], str | None]:
         """Each job's JobReturn, by its place in job_overrides, and why the sweep ended early other than by a
         signal (one line), or None."""
-        from hydra_plugins.rlrun_joblib_launcher._worker import run_job
-
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
         job = (self.hydra_context, self.config, self.task_function, Singleton.get_state())
         returns: dict[int, JobReturn] = {}
