@@ -240,6 +240,8 @@ class SeedOptimizer:
             kept = self.steps.optimizer.state.get(x)
             if kept:
                 state[i] = {k: self._own(v, x, tie) for k, v in kept.items()}
+                if isinstance(kept.get("step"), Tensor):  # where the single run's optimizer keeps it
+                    state[i]["step"] = _step_as(kept["step"], self.steps.settings, x.device)
         group = self.steps.settings | {"lr": self.param_groups[0]["lr"]}
         return {"state": state, "param_groups": [group | {"params": list(range(len(self.params)))}]}
 
@@ -263,8 +265,19 @@ class SeedOptimizer:
             for k, v in saved[i].items():
                 if isinstance(v, Tensor) and v.shape == tie.own.shape:
                     mine.setdefault(k, torch.zeros_like(x))[tie.index].copy_(tie.view(v))
+                elif k == "step" and isinstance(v, Tensor):  # where the batch's optimizer keeps it
+                    mine[k] = _step_as(v, self.param_groups[0], x.device)
                 else:
                     mine[k] = v.clone() if isinstance(v, Tensor) else v
+
+
+def _step_as(step: Tensor, settings: dict[str, Any], device: torch.device) -> Tensor:
+    """A step count where an optimizer with these settings keeps it (torch.optim's rule, in Optimizer.load_state_dict):
+    on its parameters' device in float32 when fused or capturable (the batch steps fused Adam on a GPU), else on the
+    CPU. A seed's state and a single run's then hold it alike, and either loads into the other on a GPU."""
+    if settings.get("fused") or settings.get("capturable"):
+        return step.to(dtype=torch.float32, device=device, copy=True)
+    return step.to("cpu", copy=True)
 
 
 class Running:

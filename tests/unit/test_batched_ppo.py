@@ -5,6 +5,7 @@ replaces, through the same signature."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 
 import gymnasium as gym
@@ -142,6 +143,33 @@ def test_on_a_gpu_each_seeds_first_update_equals_its_single_gpu_run(fast):
         single.update(progress=0.0)
         envs.close()
         assert_same_state(algo, single)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fast", [False, True], ids=["reference", "fast"])
+def test_on_a_gpu_a_single_runs_checkpoint_resumes_in_a_batch(fast):
+    """A single GPU run's checkpoint, loaded to the CPU as a resume loads it (step counts on the CPU), trains on in a
+    batch on the GPU, whose fused Adam keeps its step counts on the device; the seed's state then reads as its single
+    run's would."""
+    cuda = torch.device("cuda")
+    single, envs = seed_run(PPO_SMALL, CARTPOLE, 1, cuda)
+    single.collect(envs)
+    single.update(progress=0.0)
+    envs.close()
+    buffer = io.BytesIO()
+    torch.save(single.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, map_location="cpu", weights_only=True)
+    b = ppo_batch(PPO_SMALL, CARTPOLE, [0, 1], fast, cuda)
+    b.algos[1].load_state_dict(saved)
+    b.batch.load_seeds()
+    b.train(1)
+    b.close()
+    steps = PPO_SMALL.num_minibatches * PPO_SMALL.update_epochs
+    assert b.batch.optimizer.steps() == [steps, 2 * steps]
+    for algo in b.algos:
+        for own in algo.state_dict()["optimizer"]["state"].values():
+            assert own["step"].device.type == "cpu" and own["exp_avg"].device.type == "cuda"
 
 
 def test_per_seed_clipping_and_adam_are_s_independent_ones():
