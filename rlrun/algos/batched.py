@@ -51,10 +51,11 @@ BATCHED: dict[str, Entry] = {
     "ppo": Entry(
         "rlrun.algos.batched_ppo:BatchedPPO", "rlrun.algos.batched_ppo:unbatchable", ("device_generators", "fast")
     ),
-    "a2c": Entry("rlrun.algos.batched_a2c:BatchedA2C", "rlrun.algos.batched_a2c:unbatchable"),
+    "a2c": Entry("rlrun.algos.batched_a2c:BatchedA2C", "rlrun.algos.batched_a2c:unbatchable", ("device_generators",)),
+    # DQN draws everything on the CPU, on a GPU too (its epsilon-greedy coins and random actions)
     "dqn": Entry("rlrun.algos.batched_dqn:BatchedDQN", "rlrun.algos.batched_dqn:unbatchable"),
-    "sac": Entry("rlrun.algos.batched_sac:BatchedSAC", "rlrun.algos.batched_sac:unbatchable"),
-    "td3": Entry("rlrun.algos.batched_td3:BatchedTD3", "rlrun.algos.batched_td3:unbatchable"),
+    "sac": Entry("rlrun.algos.batched_sac:BatchedSAC", "rlrun.algos.batched_sac:unbatchable", ("device_generators",)),
+    "td3": Entry("rlrun.algos.batched_td3:BatchedTD3", "rlrun.algos.batched_td3:unbatchable", ("device_generators",)),
 }
 
 
@@ -75,8 +76,8 @@ def batch_of(
 ) -> BatchedAlgorithm:
     """The batched learner of algo=`name` for the seeds' algorithms (each checked by unbatchable first) and their
     training generators. Options, for the learners that take them (Entry.takes): `device_generators`, on a GPU each
-    seed's stream of the device's generator (PPO draws its acting noise there, as its single run does; the others
-    draw theirs on the CPU and move it, which a single GPU run does not); `fast`, the run's algo.fast (whether
+    seed's stream of the device's generator (where its single run draws PPO's and A2C's sampling noise and SAC's
+    and TD3's Gaussian noise; DQN draws on the CPU); `fast`, the run's algo.fast (whether
     rlrun/fast/ may accelerate the learner's parts)."""
     entry = BATCHED[name]
     build: Callable[..., BatchedAlgorithm] = _load(entry.build)

@@ -53,10 +53,18 @@ class BatchedA2C:
     """S seeds' A2C (each a single-run A2C object, built as its single run builds it; one config but the seed)
     trained together: collect runs every seed's unroll with one batched forward per step and keeps the graph;
     update takes every seed's gradient step. `generators`: each seed's training stream (what its single run draws
-    from torch's global generator: its actions' sampling noise)."""
+    from torch's global generator: its actions' sampling noise on the CPU), `device_generators`: on a GPU, each seed's
+    stream of the device's default generator (its single run samples there); None draws the noise from `generators`
+    and moves it to the device."""
 
-    def __init__(self, seeds: list[A2C], generators: list[torch.Generator]) -> None:
+    def __init__(
+        self,
+        seeds: list[A2C],
+        generators: list[torch.Generator],
+        device_generators: list[torch.Generator] | None = None,
+    ) -> None:
         self.seeds, self.generators = seeds, generators
+        self.noise_generators = device_generators or generators
         self.cfg: Any = seeds[0].cfg
         self.S, self.N, self.device = len(seeds), seeds[0].num_envs, seeds[0].device
         self.obs_dtype = seeds[0].obs_dtype
@@ -134,7 +142,7 @@ class BatchedA2C:
     def _sample(self, out: Tensor) -> Tensor:
         """Actions [S, N, ...] from the policy outputs [S, N, P] (ActorCritic.sample), each seed's noise from its
         generator."""
-        noise = draw_noise(self.generators, self.model.kind, tuple(out.shape[1:]), out.device)
+        noise = draw_noise(self.noise_generators, self.model.kind, tuple(out.shape[1:]), out.device)
         if self.model.kind == "categorical":
             return D.categorical_sample(torch.log_softmax(out, -1), noise)
         return D.gaussian_sample(out, self.model.log_std, noise)

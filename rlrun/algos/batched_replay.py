@@ -24,12 +24,20 @@ from rlrun.errors import NonFiniteError
 class BatchedReplay:
     """S seeds' replay-based algorithm: `seeds` their single-run objects (built as their single runs build them; one
     config but the seed), `generators` their training streams (what each single run draws from torch's global
-    generator, drawn here in the same order: exploration, batch items, the learner's noise)."""
+    generator, drawn here in the same order: exploration, batch items, the learner's noise), `device_generators` on a
+    GPU each seed's stream of the device's default generator, where its single run draws its policy's and its
+    learner's Gaussian noise (SAC, TD3); None draws that noise from `generators` and moves it to the device."""
 
     ties: list[Tie]  # the subclass's stacked networks' parameters and the seeds' own
 
-    def __init__(self, seeds: list[ReplayAlgorithm], generators: list[torch.Generator]) -> None:
+    def __init__(
+        self,
+        seeds: list[ReplayAlgorithm],
+        generators: list[torch.Generator],
+        device_generators: list[torch.Generator] | None = None,
+    ) -> None:
         self.seeds, self.generators = seeds, generators
+        self.noise_generators = device_generators or generators
         self.cfg: Any = seeds[0].cfg
         self.S, self.N, self.device = len(seeds), seeds[0].num_envs, seeds[0].device
         self.obs_dtype = seeds[0].obs_dtype

@@ -50,8 +50,13 @@ class BatchedSACNetworks(nn.Module):
 class BatchedSAC(BatchedReplay):
     """S seeds' SAC (each a single-run SAC object, built as its single run builds it) trained together."""
 
-    def __init__(self, seeds: list[SAC], generators: list[torch.Generator]) -> None:
-        super().__init__(list(seeds), generators)
+    def __init__(
+        self,
+        seeds: list[SAC],
+        generators: list[torch.Generator],
+        device_generators: list[torch.Generator] | None = None,
+    ) -> None:
+        super().__init__(list(seeds), generators, device_generators)
         self.sacs = seeds
         self.nets = BatchedSACNetworks([cast(SACNetworks, a.model) for a in seeds])  # unbatchable checked them
         self.ties = self.nets.ties
@@ -73,7 +78,7 @@ class BatchedSAC(BatchedReplay):
         n, dim = obs.shape[1], self.sacs[0].bounds.dim
 
         def policy() -> Tensor:
-            noise = torch.stack([torch.randn(n, dim, generator=g, device=g.device) for g in self.generators])
+            noise = torch.stack([torch.randn(n, dim, generator=g, device=g.device) for g in self.noise_generators])
             x = torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
             return self.nets.sample(x, noise.to(self.device))[0]
 
@@ -85,7 +90,9 @@ class BatchedSAC(BatchedReplay):
         c, nets, S = self.cfg, self.nets, self.S
         obs, B = batch["obs"], batch["obs"].shape[1]
         dim = self.sacs[0].bounds.dim
-        drawn = [torch.randn(1 + c.policy_frequency, B, dim, generator=g, device=g.device) for g in self.generators]
+        drawn = [
+            torch.randn(1 + c.policy_frequency, B, dim, generator=g, device=g.device) for g in self.noise_generators
+        ]
         noise = torch.stack(drawn).to(self.device)  # [S, 1 + policy_frequency, B, A], each seed's as SAC.learn's
         with torch.no_grad():
             next_actions, next_log_prob = nets.sample(batch["next_obs"], noise[:, 0])

@@ -46,8 +46,13 @@ def deterministic(actor: StackedMLP, obs: Tensor) -> Tensor:
 class BatchedTD3(BatchedReplay):
     """S seeds' TD3 (each a single-run TD3 object, built as its single run builds it) trained together."""
 
-    def __init__(self, seeds: list[TD3], generators: list[torch.Generator]) -> None:
-        super().__init__(list(seeds), generators)
+    def __init__(
+        self,
+        seeds: list[TD3],
+        generators: list[torch.Generator],
+        device_generators: list[torch.Generator] | None = None,
+    ) -> None:
+        super().__init__(list(seeds), generators, device_generators)
         self.td3s = seeds
         self.nets = BatchedTD3Networks([cast(TD3Networks, a.model) for a in seeds])  # unbatchable checked them
         self.ties = self.nets.ties
@@ -69,7 +74,9 @@ class BatchedTD3(BatchedReplay):
             mu = deterministic(self.nets.actor, torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device))
             if sigma == 0:
                 return mu
-            noise = torch.stack([torch.randn(mu.shape[1:], generator=g, device=g.device) for g in self.generators])
+            noise = torch.stack(
+                [torch.randn(mu.shape[1:], generator=g, device=g.device) for g in self.noise_generators]
+            )
             return (mu + sigma * noise.to(self.device)).clamp(-1.0, 1.0)
 
         return explore([a.bounds for a in self.td3s], self.generators, n, None if self.updates == 0 else policy)
@@ -80,7 +87,7 @@ class BatchedTD3(BatchedReplay):
         c, nets = self.cfg, self.nets
         obs, next_obs = batch["obs"], batch["next_obs"]
         B, dim = obs.shape[1], self.td3s[0].bounds.dim
-        drawn = [torch.randn(B, dim, generator=g, device=g.device) for g in self.generators]
+        drawn = [torch.randn(B, dim, generator=g, device=g.device) for g in self.noise_generators]
         noise = torch.stack(drawn).to(self.device)  # [S, B, A], each seed's as TD3.learn's
         with torch.no_grad():
             smoothing = c.target_policy_noise * noise

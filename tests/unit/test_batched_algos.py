@@ -22,6 +22,7 @@ from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
 from rlrun.errors import NonFiniteError
 from rlrun.seeding import TRAIN, torch_seed
+from rlrun.seeds import streams_now
 from tests.conftest import tensors_in
 from tests.simulated_device import simulated_device
 
@@ -87,9 +88,11 @@ def seed_run(case: Case, seed: int, device: torch.device = CPU) -> tuple[Any, Sy
     return algo, envs
 
 
-def single_run(case: Case, seed: int, iterations: int) -> tuple[Any, list[dict[str, float]]]:
+def single_run(
+    case: Case, seed: int, iterations: int, device: torch.device = CPU
+) -> tuple[Any, list[dict[str, float]]]:
     """The seed's single run after `iterations` collects and updates, and each update's stats."""
-    algo, envs = seed_run(case, seed)
+    algo, envs = seed_run(case, seed, device)
     stats = []
     for i in range(iterations):
         algo.collect(envs, i / iterations)
@@ -102,13 +105,14 @@ def batched_run(
     case: Case, seeds: list[int], iterations: int, device: torch.device = CPU
 ) -> tuple[list[Any], list[list[dict[str, float]]]]:
     """The same for the seeds trained side by side in one batched learner: each seed's algorithm and stats."""
-    built, generators = [], []
-    for seed in seeds:
+    built, streams = [], []
+    for seed in seeds:  # as rlrun/seeds.py builds them, with the seed's streams of the global generators
         built.append(seed_run(case, seed, device))
-        generators.append(torch.Generator().set_state(torch.get_rng_state()))
+        streams.append(streams_now(device))
     algos, envs = [a for a, _ in built], [e for _, e in built]
     assert all(unbatchable(case[0].name, a) is None for a in algos)
-    batch = batch_of(case[0].name, algos, generators)
+    on_device = [d for _, d in streams if d is not None]
+    batch = batch_of(case[0].name, algos, [g for g, _ in streams], on_device or None)
     stats: list[list[dict[str, float]]] = [[] for _ in seeds]
     for i in range(iterations):
         batch.collect(envs, i / iterations)
@@ -119,19 +123,19 @@ def batched_run(
     return algos, stats
 
 
-def assert_close_states(a: dict[str, Any], b: dict[str, Any], path: str = "") -> None:
-    """Two checkpoint states alike: tensors to 1e-5, everything else equal."""
+def assert_close_states(a: dict[str, Any], b: dict[str, Any], path: str = "", rtol: float = 0.0) -> None:
+    """Two checkpoint states alike: tensors to 1e-5 (and `rtol`), everything else equal."""
     assert type(a) is type(b), path
     if isinstance(a, dict):
         assert list(a) == list(b), path
         for k in a:
-            assert_close_states(a[k], b[k], f"{path}/{k}")
+            assert_close_states(a[k], b[k], f"{path}/{k}", rtol)
     elif isinstance(a, torch.Tensor):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=lambda m: f"{path}: {m}")
+        torch.testing.assert_close(a, b, rtol=rtol, atol=1e-5, msg=lambda m: f"{path}: {m}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
-            assert_close_states(x, y, f"{path}[{i}]")
+            assert_close_states(x, y, f"{path}[{i}]", rtol)
     else:
         assert a == b, path
 
@@ -151,6 +155,23 @@ def test_each_seeds_first_updates_equal_its_single_run(case):
             assert mine.keys() == theirs.keys()
             for k, v in mine.items():
                 assert v == pytest.approx(theirs[k], rel=1e-5, abs=1e-6), k
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", ["a2c", "a2c-continuous-adam", "sac-per-n-step-delayed", "td3", "dqn"])
+def test_on_a_gpu_each_seeds_first_updates_equal_its_single_gpu_run(case):
+    """On a GPU a single run draws its sampling noise (A2C) and its Gaussian noise (SAC, TD3) from the device's
+    generator, and the rest on the CPU: each seed of a batch draws them from its own streams of both, or its actions
+    differ from its single run's from the first step (DQN draws on the CPU alone). CUDA's batched and single products
+    round apart: Adam's second moments, near 1, differ by 1e-5 after ten updates (other draws would differ by far
+    more), hence rtol 1e-4."""
+    cuda, seeds = torch.device("cuda"), [0, 1, 2]
+    batched, batched_stats = batched_run(CASES[case], seeds, ITERATIONS, cuda)
+    for seed, algo, stats in zip(seeds, batched, batched_stats):
+        single, single_stats = single_run(CASES[case], seed, ITERATIONS, cuda)
+        assert_close_states(algo.state_dict(), single.state_dict(), rtol=1e-4)
+        for mine, theirs in zip(stats, single_stats, strict=True):
+            assert mine == pytest.approx(theirs, rel=1e-4, abs=1e-5)
 
 
 @pytest.mark.parametrize("case", ["a2c", "dqn", "sac", "td3"])
