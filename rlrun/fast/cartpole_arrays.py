@@ -177,13 +177,15 @@ class CartPoleArrays:
         )
         xacc = temp - p.polemass_length * thetaacc * costheta / p.total_mass
         if p.kinematics_integrator == "euler":  # each variable + tau * its derivative, all four in one expression
-            new: np.ndarray = s + p.tau * np.stack((x_dot, xacc, theta_dot, thetaacc), axis=1)
+            # np.array(...).T: np.stack's columns, without its Python-level checks (half this step's time for few envs)
+            new: np.ndarray = s + p.tau * np.array((x_dot, xacc, theta_dot, thetaacc)).T
             return new
         x_dot = x_dot + p.tau * xacc  # semi-implicit euler
         x = x + p.tau * x_dot
         theta_dot = theta_dot + p.tau * thetaacc
         theta = theta + p.tau * theta_dot
-        return np.stack((x, x_dot, theta, theta_dot), axis=1)
+        semi_implicit: np.ndarray = np.array((x, x_dot, theta, theta_dot)).T.copy()
+        return semi_implicit
 
     def _record(self, b: dict[str, np.ndarray], terminated: np.ndarray, truncated: np.ndarray) -> list[dict[str, Any]]:
         """The step's outputs into `b`, as CartPoleEnv, TimeLimit and RecordEpisodeStatistics give them, and the

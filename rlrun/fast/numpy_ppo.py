@@ -26,16 +26,35 @@ def _activate(z: np.ndarray, relu: bool) -> np.ndarray:
 
 
 def _activation_backward(g: np.ndarray, a: np.ndarray, relu: bool) -> np.ndarray:
-    """The gradient before the activation, from the gradient g after it and its output a."""
-    return g * (a > 0) if relu else g * (1 - a * a)
+    """The gradient before the activation, from the gradient g after it and its output a (in a fresh array: the
+    products are g * (a > 0) and g * (1 - a * a))."""
+    if relu:
+        return g * (a > 0)
+    d: np.ndarray = np.multiply(a, a)
+    np.subtract(1, d, out=d)
+    d *= g
+    return d
+
+
+def _clip(x: np.ndarray, low: np.float32, high: np.float32) -> np.ndarray:
+    """np.clip's values (NaN stays NaN) without its Python-level checks, which cost more than its pass here."""
+    clipped: np.ndarray = np.minimum(np.maximum(x, low), high)
+    return clipped
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x @ w + b with the bias added in place of a second array."""
+    z: np.ndarray = np.matmul(x, w)
+    z += b
+    return z
 
 
 def _network_forward(x: np.ndarray, trunk: list[np.ndarray], relu: bool) -> list[np.ndarray]:
     """TwinMLP's activations after every layer, [2, B, h] each (actor, critic), as fused_ppo.twin_mlp_forward."""
     w0, b0, *layers = trunk
-    acts = [_activate(x @ w0.T + b0, relu).reshape(len(x), 2, -1).transpose(1, 0, 2)]
+    acts = [_activate(_linear(x, w0.T, b0), relu).reshape(len(x), 2, -1).transpose(1, 0, 2)]
     for w, b in zip(layers[::2], layers[1::2]):
-        acts.append(_activate(np.matmul(acts[-1], w) + b, relu))
+        acts.append(_activate(_linear(acts[-1], w, b), relu))
     return acts
 
 
@@ -48,7 +67,9 @@ def _network_backward(
     trunk, (wp, _, wv, _) = params[:n_trunk], params[n_trunk : n_trunk + 4]
     actor, critic = acts[-1]
     head = [g_out.T @ actor, g_out.sum(0), g_value[None] @ critic, g_value.sum(0, keepdims=True)]
-    g = np.stack([g_out @ wp, g_value[:, None] * wv])
+    g = np.empty((2, len(x), wp.shape[1]), F32)  # [2, B, h]: the actor's and the critic's
+    np.matmul(g_out, wp, out=g[0])
+    np.multiply(g_value[:, None], wv, out=g[1])
     grads: list[np.ndarray] = []
     for i in range(len(acts) - 1, 0, -1):
         g = _activation_backward(g, acts[i], relu)
@@ -90,13 +111,13 @@ class NumpyPPOLoss(torch.autograd.Function):
             ctx.dist = (zs, np.exp(-log_std))
         log_ratio = log_prob - old_log_probs
         ratio = np.exp(log_ratio)
-        clamped = np.clip(ratio, F32(1 - cfg.clip_coef), F32(1 + cfg.clip_coef))
+        clamped = _clip(ratio, F32(1 - cfg.clip_coef), F32(1 + cfg.clip_coef))
         surrogate, surrogate_clipped = adv * ratio, adv * clamped
         error = values - returns
         loss_error = error
         if cfg.clip_vloss:  # as FusedPPOLoss: the larger error, and no gradient where the clamp is active
             moved = values - old_values
-            clipped_error = old_values + np.clip(moved, F32(-cfg.clip_coef), F32(cfg.clip_coef)) - returns
+            clipped_error = old_values + _clip(moved, F32(-cfg.clip_coef), F32(cfg.clip_coef)) - returns
             use_clipped = clipped_error * clipped_error > error * error
             loss_error = np.where(use_clipped, clipped_error, error)
             error = np.where(use_clipped, clipped_error * (np.abs(moved) <= cfg.clip_coef), error)
@@ -113,7 +134,7 @@ class NumpyPPOLoss(torch.autograd.Function):
         ctx.saved = (x, actions, acts, params, surrogate * (surrogate <= surrogate_clipped), error)
         stats_t = torch.from_numpy(stats)
         ctx.mark_non_differentiable(stats_t)
-        return torch.tensor(loss), stats_t
+        return torch.from_numpy(np.asarray(loss)), stats_t
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, _grad_stats: Tensor) -> tuple[Tensor | None, ...]:
