@@ -12,8 +12,12 @@ from typing import Any
 from hydra.core.utils import JobReturn
 
 STOPS = (signal.SIGINT, signal.SIGTERM)
+# From the sweep process when another worker died (its pool is broken): stop the job as SIGTERM does, then exit.
+ABANDON = signal.SIGHUP
 
 _sweep_pid = 0  # in a worker: the sweep process's
+_in_job = False
+_abandoned = False
 
 
 def _orphaned() -> bool:
@@ -49,11 +53,23 @@ def start_worker(sweep_pid: int) -> None:
 
     for s in STOPS:
         signal.signal(s, _idle)
+    signal.signal(ABANDON, _abandon)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     threading.Thread(target=watch, name="rlrun-sweep-watch", daemon=True).start()
 
 
 _noted: int | None = None  # a signal that came while no job ran
+
+
+def _abandon(signum: int, frame: object) -> None:
+    """The sweep's pool broke (a worker died, and loky ends the others next): a running job stops as SIGTERM stops
+    it, with its checkpoint and an interrupted summary, and the worker then exits without sending its result
+    (nobody reads it); an idle worker exits now."""
+    global _abandoned
+    _abandoned = True
+    if not _in_job:
+        _exit(128 + signum)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _idle(signum: int, frame: object) -> None:
@@ -74,15 +90,18 @@ def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
     def interrupted(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
+    global _in_job
     previous = {s: signal.signal(s, interrupted) for s in STOPS}
     mark_pooled_job()
+    _in_job = True
     try:
         if _noted is not None:
             raise SystemExit(128 + _noted)
         ran: JobReturn = execute_job(idx, overrides, *job)
         return ran
     finally:
+        _in_job = False
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if _orphaned():  # its job done, nobody to hand the result to
+        if _orphaned() or _abandoned:  # its job done, nobody to hand the result to
             _exit(1)

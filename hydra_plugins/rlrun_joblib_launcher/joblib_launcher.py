@@ -9,13 +9,16 @@ or SIGTERM the sweep gets goes to each worker (each job stops at its next iterat
 run does), no job starts after it, and the sweep ends when the running jobs have, with the line that continues it;
 a second signal goes on to the workers (they stop at once, their summaries written). A job that ends otherwise than
 a job of a sweep does (a signal only its worker got, an error outside the task) stops the others the same way. A
-worker whose sweep process dies stops its job and ends (_worker.py: no orphans training on)."""
+worker whose sweep process dies stops its job and ends (_worker.py: no orphans training on). A worker that dies
+(SIGKILL, the OOM killer) breaks loky's pool, which kills the others at once: they first stop their jobs with
+their checkpoints (_stop_before_kill)."""
 
 import contextlib
 import logging
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -31,10 +34,11 @@ from omegaconf import DictConfig
 
 # The workers' functions come from a module imported as usual: cloudpickle sends them by reference, where this
 # module's (which Hydra's plugin scan loads outside sys.modules) would go by value, each with its own globals.
-from hydra_plugins.rlrun_joblib_launcher._worker import STOPS, run_job, start_worker
+from hydra_plugins.rlrun_joblib_launcher._worker import ABANDON, STOPS, run_job, start_worker
 
 log = logging.getLogger(__name__)
 WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # a scheduler's, before it preempts: a job stops at them too
+GRACE = 300.0  # seconds the jobs beside a dead worker have to stop with their checkpoints before loky kills them
 
 
 @dataclass
@@ -52,6 +56,7 @@ class JoblibLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
         self.pool: Any = None  # loky's ProcessPoolExecutor, once started
+        self.broken = False  # a worker died: loky's manager thread ends the others (_stop_before_kill)
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.task_function, self.hydra_context = config, task_function, hydra_context
@@ -80,6 +85,8 @@ class JoblibLauncher(Launcher):
         with _Stop() as stop:
             stop.pool = self.pool
             returns, ended = self._run(list(job_overrides), initial_job_idx, n_jobs, stop)
+            if self.broken:  # the line last, once the other jobs have stopped with their checkpoints
+                self.pool._executor_manager_thread.join()
             if ended:
                 fail(f"{ended}; continue the sweep with: {resume_command(sweep_dir)}", 1)
             if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
@@ -107,8 +114,9 @@ class JoblibLauncher(Launcher):
                     with _signals_blocked():
                         future = self.pool.submit(run_job, first + idx, overrides, *job)
                 except BrokenProcessPool as e:
-                    ended.append(_died(e))
+                    ended.append(self._died(e))
                     break
+                _stop_before_kill(self.pool._executor_manager_thread)  # started by the first submit
                 running[future] = idx
             if not running:
                 break
@@ -118,18 +126,41 @@ class JoblibLauncher(Launcher):
                 idx = running.pop(future)
                 try:
                     returns[idx] = _outcome(future, stop)
-                except BrokenProcessPool as e:  # loky has ended the other workers too
-                    ended.append(_died(e))
+                except BrokenProcessPool as e:  # loky ends the other workers too, once their jobs have stopped
+                    ended.append(self._died(e))
                 except BaseException as e:  # outside the task's own handling (a full disk for .hydra/)
                     ended.append(f"job {first + idx} failed: {type(e).__name__}: {e}")
                     stop.request(signal.SIGTERM)  # the others stop with their checkpoints
         return returns, ended[0] if ended else None
 
+    def _died(self, e: BrokenProcessPool) -> str:
+        self.broken = True
+        codes = re.search(r"exit codes of the workers are (\{.*?\})", str(e))
+        died = codes.group(1) if codes else e
+        return f"a worker process of the sweep died ({died}); the jobs running beside it stopped with a checkpoint"
 
-def _died(e: BrokenProcessPool) -> str:
-    codes = re.search(r"exit codes of the workers are (\{.*?\})", str(e))
-    died = codes.group(1) if codes else e
-    return f"a worker process of the sweep died ({died}), and the jobs running beside it ended with it"
+
+def _stop_before_kill(manager: Any) -> None:
+    """loky's manager thread (the one per pool that reads the workers' results) kills every worker with SIGKILL
+    once one has died: their jobs would lose what they trained since their last checkpoint. Hooked here, it first
+    sends each remaining worker ABANDON, on which its job stops as SIGTERM stops it (a checkpoint, an interrupted
+    summary) and the worker exits (_worker.py), and waits up to GRACE seconds for them."""
+    if getattr(manager, "rlrun_hooked", False):
+        return
+    kill = manager.kill_workers
+
+    def stop_then_kill(reason: str = "") -> None:
+        if reason == "broken executor":
+            workers = list(manager.processes.values())
+            for p in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, ABANDON)
+            deadline = time.monotonic() + GRACE
+            for p in workers:
+                p.join(max(0.0, deadline - time.monotonic()))
+        kill(reason)
+
+    manager.kill_workers, manager.rlrun_hooked = stop_then_kill, True
 
 
 @contextlib.contextmanager

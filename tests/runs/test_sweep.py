@@ -259,6 +259,46 @@ def test_the_workers_of_a_killed_parallel_sweep_stop_with_a_checkpoint_and_end(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_dead_worker_ends_a_parallel_sweep_after_the_jobs_beside_it_stop_with_a_checkpoint(tmp_path):
+    """SIGKILL to one worker of a joblib sweep (as the OOM killer would): loky kills the other workers at once, so
+    their jobs lost what they had trained since their last checkpoint. The other job now stops with a checkpoint
+    and an interrupted summary first, no worker is left, the sweep ends in one line naming the death and how to
+    continue, and the continued sweep completes both jobs."""
+    proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1")
+    try:
+        loky = [pid for pid in workers if b"LokyProcess" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(loky) == 2, workers
+        os.kill(loky[0], signal.SIGKILL)
+        proc.wait(timeout=90)
+    finally:
+        finish(proc, 10)
+        out = (tmp_path / "sweep.out").read_text()
+        left = alive(workers, 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert not left, f"workers left running: {left}"
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("rlrun: error: a worker process of the sweep died") and last.endswith(
+        f"continue the sweep with: rlrun train resume={sweep}"
+    ), out[-2000:]
+    ended = {
+        job: json.loads((sweep / job / "summary.json").read_text())
+        for job in "01"
+        if (sweep / job / "summary.json").exists()
+    }
+    assert len(ended) == 1, ended  # the killed worker's job wrote none
+    ((job, summary),) = ended.items()
+    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM, summary
+    assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
+    end = f"total_steps={summary['env_steps'] + 2048}"
+    resumed = rlrun("train", f"resume={sweep}", end, "logging.progress=none", cwd=tmp_path, timeout=200)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [json.loads((sweep / j / "summary.json").read_text())["status"] for j in "01"] == ["completed"] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_optuna_sweeper_runs_trials_and_maximizes_the_returned_eval(tmp_path):
     sweep = run_sweep(tmp_path, "+sweep=ppo_cartpole_optuna", "hydra.sweeper.n_trials=3")
     runs = summaries(sweep)
