@@ -12,6 +12,7 @@ from typing import Any
 from hydra.core.utils import JobReturn
 
 STOPS = (signal.SIGINT, signal.SIGTERM)
+WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # a scheduler's, before it preempts: a job stops at them too
 # From the sweep process when another worker died (its pool is broken): stop the job as SIGTERM does, then exit.
 ABANDON = signal.SIGHUP
 
@@ -51,10 +52,10 @@ def start_worker(sweep_pid: int) -> None:
             time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    for s in STOPS:
+    for s in STOPS + WARNINGS:  # SLURM's --signal reaches every process of the job step, idle workers too
         signal.signal(s, _idle)
     signal.signal(ABANDON, _abandon)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS + WARNINGS)
     threading.Thread(target=watch, name="rlrun-sweep-watch", daemon=True).start()
 
 
@@ -91,7 +92,7 @@ def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
         raise SystemExit(128 + signum)
 
     global _in_job
-    previous = {s: signal.signal(s, interrupted) for s in STOPS}
+    previous = {s: signal.signal(s, interrupted) for s in STOPS + WARNINGS}
     mark_pooled_job()
     _in_job = True
     try:

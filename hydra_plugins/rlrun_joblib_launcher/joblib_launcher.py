@@ -34,10 +34,9 @@ from omegaconf import DictConfig
 
 # The workers' functions come from a module imported as usual: cloudpickle sends them by reference, where this
 # module's (which Hydra's plugin scan loads outside sys.modules) would go by value, each with its own globals.
-from hydra_plugins.rlrun_joblib_launcher._worker import ABANDON, STOPS, run_job, start_worker
+from hydra_plugins.rlrun_joblib_launcher._worker import ABANDON, STOPS, WARNINGS, run_job, start_worker
 
 log = logging.getLogger(__name__)
-WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)  # a scheduler's, before it preempts: a job stops at them too
 GRACE = 300.0  # seconds the jobs beside a dead worker have to stop with their checkpoints before loky kills them
 
 
@@ -87,10 +86,10 @@ class JoblibLauncher(Launcher):
             returns, ended = self._run(list(job_overrides), initial_job_idx, n_jobs, stop)
             if self.broken:  # the line last, once the other jobs have stopped with their checkpoints
                 self.pool._executor_manager_thread.join()
-            if ended:
-                fail(f"{ended}; continue the sweep with: {resume_command(sweep_dir)}", 1)
-            if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
-                end_interrupted_sweep(sweep_dir, stop.signum)
+        if ended:
+            fail(f"{ended}; continue the sweep with: {resume_command(sweep_dir)}", 1)
+        if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it
+            end_interrupted_sweep(sweep_dir, stop.signum)  # a warning then goes to the handler there before
         return [returns[idx] for idx in range(len(job_overrides))]
 
     def _run(
@@ -165,17 +164,19 @@ def _stop_before_kill(manager: Any) -> None:
 
 @contextlib.contextmanager
 def _signals_blocked() -> Iterator[None]:
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS + WARNINGS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS + WARNINGS)
 
 
 class _Stop:
     """The sweep process's SIGINT/SIGTERM handler while its jobs run: it records the first signal (the sweep's exit
     status) and sends every signal on to the workers (which a terminal's Ctrl-C does not reach: they are in their
-    own sessions)."""
+    own sessions). A scheduler's warning (SIGUSR1/2: SLURM's --signal) goes on as it came (a worker that got it from
+    the scheduler too takes the copy for the same one: training/signals.py), and once the jobs have stopped the sweep
+    passes it to the handler that was there before (cli.end_interrupted_sweep), as a single run does."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -185,7 +186,7 @@ class _Stop:
         self._sent: set[int] = set()
 
     def __enter__(self) -> "_Stop":
-        self._previous = {s: signal.signal(s, self._handle) for s in STOPS}
+        self._previous = {s: signal.signal(s, self._handle) for s in STOPS + WARNINGS}
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -195,11 +196,11 @@ class _Stop:
     def _handle(self, signum: int, frame: object) -> None:
         self.request(signum)
 
-    def request(self, signum: int, send: int | None = None) -> None:
-        """Stop the sweep for `signum` (the first one counts): every worker gets it (or `send`)."""
+    def request(self, signum: int) -> None:
+        """Stop the sweep for `signum` (the first one counts): every worker gets it."""
         if self.signum is None:
             self.signum = signum
-        self._sending, self._sent = send or signum, set()
+        self._sending, self._sent = signum, set()
         self.reach_new_workers()
 
     def reach_new_workers(self) -> None:
@@ -225,5 +226,5 @@ def _outcome(future: Future[JobReturn], stop: _Stop) -> JobReturn:
         if signum not in STOPS + WARNINGS:
             raise
         if stop.signum is None:
-            stop.request(signum, send=signal.SIGTERM if signum in WARNINGS else signum)
+            stop.request(signum)
         return JobReturn()

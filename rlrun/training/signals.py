@@ -21,8 +21,10 @@ class StopSignal:
     """SIGINT/SIGTERM, and SIGUSR1/SIGUSR2 (a scheduler's warning before it preempts the job or its time runs
     out), ask the loop to stop at the next iteration boundary, where state is consistent and a final checkpoint
     can be written (an evaluation under way ends early; a checkpoint being written is finished first); a second
-    signal raises StopNow wherever the run is. It takes the signals from listen() on; restore() puts back the
-    handlers there were before. `announce`: say what the first signal does (the main rank)."""
+    signal raises StopNow wherever the run is, except the same warning again: SLURM's --signal reaches every
+    process of a job step, and a parallel sweep's process passes it on to its workers too, so a worker gets it
+    twice. It takes the signals from listen() on; restore() puts back the handlers there were before. `announce`:
+    say what the first signal does (the main rank)."""
 
     def __init__(self, announce: bool) -> None:
         self.signum: int | None = None
@@ -36,6 +38,8 @@ class StopSignal:
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum is not None:
+            if signum == self.signum and signum in (signal.SIGUSR1, signal.SIGUSR2):
+                return
             raise StopNow(self.signum)
         self.signum = signum
         if self.announce:  # os.write: a handler may run while the main thread is inside a buffered stream's write

@@ -239,6 +239,39 @@ def test_a_signal_stops_a_parallel_sweep_with_a_checkpoint_in_each_running_job(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("to", ["the sweep", "a worker", "all"])
+def test_a_schedulers_warning_stops_a_parallel_sweep_with_a_checkpoint_in_each_job(tmp_path, to):
+    """SIGUSR1 (SLURM's --signal before a time limit or preemption) to a joblib sweep's process, to one worker, or to
+    every process of the job step, as SLURM sends it: each job stops at its next iteration with a checkpoint (a
+    worker that gets the warning twice, from SLURM and from the sweep, takes it for one), the sweep's last line
+    continues it, and the sweep process then ends by the warning's own handler (its default here), as a single run
+    does. The sweep process died of it at once before, and then the workers' jobs took a second signal from their
+    orphaning and stopped without their checkpoints."""
+    proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1")
+    try:
+        loky = [pid for pid in workers if b"LokyProcess" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(loky) == 2, workers
+        for pid in {"the sweep": [proc.pid], "a worker": loky[:1], "all": [proc.pid, *loky]}[to]:
+            os.kill(pid, signal.SIGUSR1)
+        proc.wait(timeout=60)
+    finally:
+        finish(proc, 10)
+        out = (tmp_path / "sweep.out").read_text()
+        left = alive(workers, 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGUSR1 and "Traceback" not in out, out[-3000:]
+    assert not left, f"workers left running: {left}"
+    assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}", out[-2000:]
+    for job in "01":
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGUSR1, summary
+        assert summary.get("stopped") != "at once (a second signal)", summary
+        assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_the_workers_of_a_killed_parallel_sweep_stop_with_a_checkpoint_and_end(tmp_path):
     """SIGKILL to a joblib sweep's process (no handler runs there): its workers notice, stop their jobs as SIGTERM
     would (checkpoint, interrupted summary), and end, where loky's would train on and then wait for good."""
