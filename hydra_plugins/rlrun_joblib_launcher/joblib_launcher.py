@@ -14,6 +14,7 @@ worker whose sweep process dies stops its job and ends (_worker.py: no orphans t
 their checkpoints (_stop_before_kill)."""
 
 import contextlib
+import gc
 import logging
 import os
 import re
@@ -86,6 +87,14 @@ class JoblibLauncher(Launcher):
             returns, ended = self._run(list(job_overrides), initial_job_idx, n_jobs, stop)
             if self.broken:  # the line last, once the other jobs have stopped with their checkpoints
                 self.pool._executor_manager_thread.join()
+        if ended or stop.signum is not None:
+            # The workers (idle now) end, and the pool's locks are let go (their finalizers run when collected): a
+            # process that a warning's default action then ends runs no cleanup, and loky's resource tracker would
+            # warn of leaked locks after the sweep's last line.
+            pool, self.pool = self.pool, None
+            pool.shutdown(wait=True)
+            del pool
+            gc.collect()
         if ended:
             fail(f"{ended}; continue the sweep with: {resume_command(sweep_dir)}", 1)
         if stop.signum is not None:  # the sweep stops here; the jobs not started continue with it

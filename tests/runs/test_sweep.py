@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,36 @@ def alive(pids: list[int], wait: float) -> list[int]:
         time.sleep(0.2)
 
 
+def signal_parallel_sweep(
+    tmp_path: Path, seeds: str, send: Callable[[subprocess.Popen, list[int]], None], wait: float = 60
+) -> tuple[subprocess.Popen, Path, str, list[int]]:
+    """start_parallel_sweep, then send(its process, its two loky workers' pids) and wait for it to end: the process,
+    the sweep folder, its output, and the workers still running 10 s after it ended (killed then)."""
+    proc, sweep, workers = start_parallel_sweep(tmp_path, seeds)
+    try:
+        loky = [pid for pid in workers if b"LokyProcess" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(loky) == 2, workers
+        send(proc, loky)
+        proc.wait(timeout=wait)
+    finally:
+        finish(proc, 10)
+        left = alive(workers, 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    return proc, sweep, (tmp_path / "sweep.out").read_text(), left
+
+
+def stopped_with_a_checkpoint(run_dir: Path, signum: int) -> dict:
+    """The summary of a job a signal stopped at an iteration boundary, checked: interrupted by `signum`, not at once,
+    with its checkpoint at the steps it stopped at and no partial one."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["signal"] == signum, summary
+    assert summary.get("stopped") != "at once (a second signal)", summary
+    assert (run_dir / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+    return summary
+
+
 @pytest.mark.slow  # two workers' start-ups, and a resume
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "sigterm-to-a-worker"])
@@ -201,34 +232,21 @@ def test_a_signal_stops_a_parallel_sweep_with_a_checkpoint_in_each_running_job(t
     interrupted summary (Hydra's joblib launcher killed them mid-checkpoint, or on SIGTERM left them training and
     starting the third job), the third does not start, no worker is left, and the last line continues the sweep,
     which then completes."""
-    proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1,2")
-    try:
-        loky = [pid for pid in workers if b"LokyProcess" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        assert len(loky) == 2, workers
+
+    def send(proc: subprocess.Popen, loky: list[int]) -> None:
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         elif how == "sigterm":
             proc.send_signal(signal.SIGTERM)
         else:  # a signal only that job got: the other one stops with it
             os.kill(loky[0], signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        finish(proc, 10)
-        out = (tmp_path / "sweep.out").read_text()
-        left = alive(workers, 10)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
+
+    proc, sweep, out, left = signal_parallel_sweep(tmp_path, "0,1,2", send)
     signum = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
     assert proc.returncode == 128 + signum and "Traceback" not in out, out[-3000:]
     assert not left, f"workers left running: {left}"
     assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}", out[-2000:]
-    steps = []
-    for job in "01":
-        summary = json.loads((sweep / job / "summary.json").read_text())
-        assert summary["status"] == "interrupted" and summary["signal"] == signum, summary
-        assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
-        assert not list((sweep / job / "checkpoints").glob("*.tmp"))
-        steps.append(summary["env_steps"])
+    steps = [stopped_with_a_checkpoint(sweep / job, signum)["env_steps"] for job in "01"]
     assert not (sweep / "2").exists()
     if how == "sigterm":  # the sweep continues from there, with the same launcher
         end = f"total_steps={max(steps) + 2048}"
@@ -247,27 +265,17 @@ def test_a_schedulers_warning_stops_a_parallel_sweep_with_a_checkpoint_in_each_j
     continues it, and the sweep process then ends by the warning's own handler (its default here), as a single run
     does. The sweep process died of it at once before, and then the workers' jobs took a second signal from their
     orphaning and stopped without their checkpoints."""
-    proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1")
-    try:
-        loky = [pid for pid in workers if b"LokyProcess" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        assert len(loky) == 2, workers
+
+    def send(proc: subprocess.Popen, loky: list[int]) -> None:
         for pid in {"the sweep": [proc.pid], "a worker": loky[:1], "all": [proc.pid, *loky]}[to]:
             os.kill(pid, signal.SIGUSR1)
-        proc.wait(timeout=60)
-    finally:
-        finish(proc, 10)
-        out = (tmp_path / "sweep.out").read_text()
-        left = alive(workers, 10)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
+
+    proc, sweep, out, left = signal_parallel_sweep(tmp_path, "0,1", send)
     assert proc.returncode == -signal.SIGUSR1 and "Traceback" not in out, out[-3000:]
     assert not left, f"workers left running: {left}"
     assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}", out[-2000:]
     for job in "01":
-        summary = json.loads((sweep / job / "summary.json").read_text())
-        assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGUSR1, summary
-        assert summary.get("stopped") != "at once (a second signal)", summary
-        assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
+        stopped_with_a_checkpoint(sweep / job, signal.SIGUSR1)
 
 
 @pytest.mark.slow
@@ -285,9 +293,7 @@ def test_the_workers_of_a_killed_parallel_sweep_stop_with_a_checkpoint_and_end(t
             os.kill(pid, signal.SIGKILL)
     assert not left, f"workers left running: {left}"
     for job in "01":
-        summary = json.loads((sweep / job / "summary.json").read_text())
-        assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM, summary
-        assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
+        stopped_with_a_checkpoint(sweep / job, signal.SIGTERM)
 
 
 @pytest.mark.slow
@@ -297,33 +303,18 @@ def test_a_dead_worker_ends_a_parallel_sweep_after_the_jobs_beside_it_stop_with_
     their jobs lost what they had trained since their last checkpoint. The other job now stops with a checkpoint
     and an interrupted summary first, no worker is left, the sweep ends in one line naming the death and how to
     continue, and the continued sweep completes both jobs."""
-    proc, sweep, workers = start_parallel_sweep(tmp_path, "0,1")
-    try:
-        loky = [pid for pid in workers if b"LokyProcess" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        assert len(loky) == 2, workers
-        os.kill(loky[0], signal.SIGKILL)
-        proc.wait(timeout=90)
-    finally:
-        finish(proc, 10)
-        out = (tmp_path / "sweep.out").read_text()
-        left = alive(workers, 10)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
+    proc, sweep, out, left = signal_parallel_sweep(
+        tmp_path, "0,1", lambda proc, loky: os.kill(loky[0], signal.SIGKILL), wait=90
+    )
     assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
     assert not left, f"workers left running: {left}"
     last = out.strip().splitlines()[-1]
     assert last.startswith("rlrun: error: a worker process of the sweep died") and last.endswith(
         f"continue the sweep with: rlrun train resume={sweep}"
     ), out[-2000:]
-    ended = {
-        job: json.loads((sweep / job / "summary.json").read_text())
-        for job in "01"
-        if (sweep / job / "summary.json").exists()
-    }
+    ended = [job for job in "01" if (sweep / job / "summary.json").exists()]
     assert len(ended) == 1, ended  # the killed worker's job wrote none
-    ((job, summary),) = ended.items()
-    assert summary["status"] == "interrupted" and summary["signal"] == signal.SIGTERM, summary
-    assert (sweep / job / "checkpoints" / f"ckpt_{summary['env_steps']:012d}.pt").exists()
+    summary = stopped_with_a_checkpoint(sweep / ended[0], signal.SIGTERM)
     end = f"total_steps={summary['env_steps'] + 2048}"
     resumed = rlrun("train", f"resume={sweep}", end, "logging.progress=none", cwd=tmp_path, timeout=200)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
