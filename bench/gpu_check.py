@@ -1,7 +1,8 @@
 """`make gpu-check`: on a machine with CUDA, one short run of each algorithm family on the GPU (1 rank, and 2
 ranks with nccl when 2 GPUs exist), each followed by an exact-resume check (a copy of the run folder without its
 final checkpoint resumed from step N to 2N, its final parameters compared with the run's), printed as a table; and
-two seeds of each algorithm in one batched learner. Where there is no GPU it says so and exits 0.
+two seeds of each algorithm in one batched learner, their sweep resumed alike. Where there is no GPU it says so and
+exits 0.
 
     make gpu-check            # or: .venv/bin/python bench/gpu_check.py  (GPU_CHECK_JOBS=N: N cases at once;
                               # GPU_CHECK_ONLY=batched,lstm: the cases whose names contain one of these)
@@ -109,19 +110,35 @@ BATCHED = {
 
 
 def check_batched(name: str, args: list[str], folder: Path) -> tuple[str, str, str, str, str]:
-    """Two seeds in one batched learner on the GPU: both folders complete."""
+    """Two seeds in one batched learner on the GPU for 2N steps, with checkpoints at N: both folders complete; then
+    a copy of the sweep without the final checkpoints resumed (`resume=SWEEP`, the batch again) to 2N, each seed's
+    final parameters compared with the run's (each seed's streams of both generators come back from its checkpoint,
+    as tests/runs/test_batched_seeds.py checks on the CPU)."""
     start = time.monotonic()
     sweep = folder / name.replace(" ", "_")
-    out = run(
-        folder,
-        [*args, "seed=0,1", "hydra/launcher=batched", f"total_steps={STEPS}", f"hydra.sweep.dir={sweep}"],
-        multirun=True,
-    )
+    off_policy = any(a in args for a in ("algo=dqn", "algo=sac", "algo=td3"))
+    every = [f"total_steps={2 * STEPS}", f"checkpoint.every_steps={STEPS}", "checkpoint.keep_last=5"]
+    every += ["algo.replay.checkpoint=true"] if off_policy else []
+    out = run(folder, [*args, "seed=0,1", "hydra/launcher=batched", *every, f"hydra.sweep.dir={sweep}"], multirun=True)
     seconds = f"{time.monotonic() - start:.0f}"
     if out.returncode != 0:
         return name, "1", "FAILED: " + out.stderr.strip().splitlines()[-1], seconds, "-"
     status = [json.loads((sweep / str(i) / "summary.json").read_text())["status"] for i in range(2)]
-    return name, "1", "ok" if status == ["completed", "completed"] else f"FAILED: {status}", seconds, "-"
+    if status != ["completed", "completed"]:
+        return name, "1", f"FAILED: {status}", seconds, "-"
+    part = folder / f"{sweep.name}_part"
+    shutil.copytree(sweep, part)
+    for job in ("0", "1"):
+        (part / job / "summary.json").unlink()
+        sorted((part / job / "checkpoints").glob("ckpt_*.pt"))[-1].unlink()
+    out = run(folder, [f"resume={part}"])
+    if out.returncode != 0:
+        return name, "1", "ok", seconds, "resume FAILED: " + out.stderr.strip().splitlines()[-1]
+    diffs = []
+    for job in ("0", "1"):
+        a, b = final_params(sweep / job), final_params(part / job)
+        diffs.append(max(float((a[k].double() - b[k].double()).abs().max()) for k in a))
+    return name, "1", "ok", seconds, "exact" if max(diffs) == 0 else f"max |diff| {max(diffs):.2e}"
 
 
 def main() -> int:
