@@ -70,6 +70,8 @@ def _abandon(signum: int, frame: object) -> None:
     _abandoned = True
     if not _in_job:
         _exit(128 + signum)
+    # os.write: a handler may run while the main thread is inside a buffered stream's write
+    os.write(2, b"\nrlrun: a worker process of the sweep died: this job stops with a checkpoint (as on SIGTERM)\n")
     os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -312,6 +312,7 @@ def test_a_dead_worker_ends_a_parallel_sweep_after_the_jobs_beside_it_stop_with_
     assert last.startswith("rlrun: error: a worker process of the sweep died") and last.endswith(
         f"continue the sweep with: rlrun train resume={sweep}"
     ), out[-2000:]
+    assert "a worker process of the sweep died: this job stops with a checkpoint" in out, out[-3000:]
     ended = [job for job in "01" if (sweep / job / "summary.json").exists()]
     assert len(ended) == 1, ended  # the killed worker's job wrote none
     summary = stopped_with_a_checkpoint(sweep / ended[0], signal.SIGTERM)
