@@ -35,7 +35,9 @@ from rlrun.stats import (
 
 METRICS = {"eval": "eval/return_mean", "train": "charts/episodic_return"}  # --metric: the metrics.jsonl key
 X_AXES = ("steps", "wall")
-IGNORED = ("seed=", "hydra.", "hydra/", "+sweep=", "resume=")  # no part of what a group is
+# No part of what a group is: the seed, where a run resumed from, and what never changes what trains (how it logs and
+# when it checkpoints: a sweep resumed with `logging.progress=none` adds it to the jobs that start then).
+IGNORED = ("seed=", "hydra.", "hydra/", "+sweep=", "resume=", "logging.", "checkpoint.")
 ENV_CHOICE = ("env=", "env.id=")  # the env's panel and table name it already
 DEFAULTS = "defaults"  # the label of a group with no override of its own
 SEED, REPS = 0, 2000  # the bootstrap's: the same runs give the same report

@@ -181,6 +181,17 @@ def test_report_over_two_envs_and_three_groups(tmp_path):
     assert not (sweep / "performance_profile.png").exists()
 
 
+def test_runs_that_differ_only_in_how_they_log_and_checkpoint_form_one_group(tmp_path):
+    """A sweep resumed with `logging.progress=none` gives that override to the jobs that first start then (and a
+    user may checkpoint some seeds more often): the report still makes one group of the sweep."""
+    for seed in range(6):
+        extra = ["logging.progress=none", "checkpoint.every_steps=5000"] if seed >= 3 else []
+        write_run(tmp_path / str(seed), "CartPole-v1", ["algo.lr=0.0003", *extra], seed, [400.0 + seed])
+    write_run(tmp_path / "6", "CartPole-v1", ["algo.lr=0.001"], 6, [100.0])
+    groups = group_runs(find_runs([tmp_path]))
+    assert sorted((g.label, len(g.runs)) for g in groups) == [("algo.lr=0.0003", 6), ("algo.lr=0.001", 1)]
+
+
 def test_compare_finds_a_clear_improvement_and_no_difference_between_equal_draws(tmp_path):
     rng = np.random.default_rng(3)
     for name, mean in (("better", 10.0), ("worse", 0.0), ("same", 0.0)):
@@ -236,13 +247,13 @@ def test_a_seed_run_twice_in_a_group_is_warned_of_and_a_failed_runs_seed_is_its_
 
 def test_labels_print_as_written_brackets_and_all(tmp_path, capsys):
     """Override values in brackets (lists) are labels, not the terminal library's style tags, which would drop them."""
-    for i, tracker in enumerate(("wandb", "mlflow")):
+    for i, sizes in enumerate(("[64,64]", "[128]")):
         write_run(
-            tmp_path / str(i), "CartPole-v1", ["env.imports=[my_envs]", f"logging.trackers=[{tracker}]"], 1, [5.0]
+            tmp_path / str(i), "CartPole-v1", ["env.imports=[my_envs]", f"model.hidden_sizes={sizes}"], 1, [5.0]
         )
     report([tmp_path])
     out = capsys.readouterr().out
-    assert "logging.trackers=[wandb]" in out and "logging.trackers=[mlflow]" in out
+    assert "model.hidden_sizes=[64,64]" in out and "model.hidden_sizes=[128]" in out
     assert "every group also has: env.imports=[my_envs]" in out
 
 
