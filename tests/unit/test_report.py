@@ -248,9 +248,7 @@ def test_a_seed_run_twice_in_a_group_is_warned_of_and_a_failed_runs_seed_is_its_
 def test_labels_print_as_written_brackets_and_all(tmp_path, capsys):
     """Override values in brackets (lists) are labels, not the terminal library's style tags, which would drop them."""
     for i, sizes in enumerate(("[64,64]", "[128]")):
-        write_run(
-            tmp_path / str(i), "CartPole-v1", ["env.imports=[my_envs]", f"model.hidden_sizes={sizes}"], 1, [5.0]
-        )
+        write_run(tmp_path / str(i), "CartPole-v1", ["env.imports=[my_envs]", f"model.hidden_sizes={sizes}"], 1, [5.0])
     report([tmp_path])
     out = capsys.readouterr().out
     assert "model.hidden_sizes=[64,64]" in out and "model.hidden_sizes=[128]" in out
