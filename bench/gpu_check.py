@@ -68,17 +68,26 @@ def final_params(run_dir: Path) -> dict:
     return torch.load(last, weights_only=True)["algo"]["model"]
 
 
+def params_diff(run_dir: Path, resumed: Path) -> float:
+    """The largest difference between the final parameters of a run and of its resumed copy."""
+    a, b = final_params(run_dir), final_params(resumed)
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def twice_with_a_checkpoint(args: list[str], steps: int) -> list[str]:
+    """2 x `steps` steps with a checkpoint at `steps` to resume from (with the replay, for the off-policy cases)."""
+    off_policy = any(a in args for a in ("algo=dqn", "algo=sac", "algo=td3"))
+    keep = ["checkpoint.keep_last=5", *(["algo.replay.checkpoint=true"] if off_policy else [])]
+    return [f"total_steps={2 * steps}", f"checkpoint.every_steps={steps}", *keep]
+
+
 def check(name: str, args: list[str], ranks: int, folder: Path) -> tuple[str, str, str]:
     """(status, seconds, resume result) of one case: a run of 2N steps with a checkpoint at N, then a copy of its
     folder without the final checkpoint resumed to 2N, as tests/runs/test_distributed.py checks exact resume."""
     dist = [f"distributed.nproc_per_node={ranks}"] if ranks > 1 else []
-    off_policy = any(a in args for a in ("algo=dqn", "algo=sac", "algo=td3"))
-    keep = ["checkpoint.keep_last=5", *(["algo.replay.checkpoint=true"] if off_policy else [])]
-    steps = STEPS * ranks
     start = time.monotonic()
     full = folder / f"{name.replace(' ', '_')}_{ranks}_full"
-    every = [f"total_steps={2 * steps}", f"checkpoint.every_steps={steps}", *keep]
-    out = run(folder, [*args, *dist, *every, f"hydra.run.dir={full}"])
+    out = run(folder, [*args, *dist, *twice_with_a_checkpoint(args, STEPS * ranks), f"hydra.run.dir={full}"])
     if out.returncode != 0:
         return "FAILED: " + out.stderr.strip().splitlines()[-1], f"{time.monotonic() - start:.0f}", "-"
     seconds = f"{time.monotonic() - start:.0f}"
@@ -91,8 +100,7 @@ def check(name: str, args: list[str], ranks: int, folder: Path) -> tuple[str, st
     out = run(folder, [f"resume={part}"])
     if out.returncode != 0:
         return "ok", seconds, "resume FAILED: " + out.stderr.strip().splitlines()[-1]
-    a, b = final_params(full), final_params(part)
-    diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    diff = params_diff(full, part)
     resumed_from = sorted((part / "checkpoints").glob("ckpt_*.pt"))[0]
     if torch.load(resumed_from, weights_only=True)["ranks"][0]["envs"] is None:  # rlrun/envs/state.py: restorable
         return "ok", seconds, f"fresh episodes (the env's state is not saved), max |diff| {diff:.2e}"
@@ -116,9 +124,7 @@ def check_batched(name: str, args: list[str], folder: Path) -> tuple[str, str, s
     as tests/runs/test_batched_seeds.py checks on the CPU)."""
     start = time.monotonic()
     sweep = folder / name.replace(" ", "_")
-    off_policy = any(a in args for a in ("algo=dqn", "algo=sac", "algo=td3"))
-    every = [f"total_steps={2 * STEPS}", f"checkpoint.every_steps={STEPS}", "checkpoint.keep_last=5"]
-    every += ["algo.replay.checkpoint=true"] if off_policy else []
+    every = twice_with_a_checkpoint(args, STEPS)
     out = run(folder, [*args, "seed=0,1", "hydra/launcher=batched", *every, f"hydra.sweep.dir={sweep}"], multirun=True)
     seconds = f"{time.monotonic() - start:.0f}"
     if out.returncode != 0:
@@ -134,11 +140,8 @@ def check_batched(name: str, args: list[str], folder: Path) -> tuple[str, str, s
     out = run(folder, [f"resume={part}"])
     if out.returncode != 0:
         return name, "1", "ok", seconds, "resume FAILED: " + out.stderr.strip().splitlines()[-1]
-    diffs = []
-    for job in ("0", "1"):
-        a, b = final_params(sweep / job), final_params(part / job)
-        diffs.append(max(float((a[k].double() - b[k].double()).abs().max()) for k in a))
-    return name, "1", "ok", seconds, "exact" if max(diffs) == 0 else f"max |diff| {max(diffs):.2e}"
+    diff = max(params_diff(sweep / job, part / job) for job in ("0", "1"))
+    return name, "1", "ok", seconds, "exact" if diff == 0 else f"max |diff| {diff:.2e}"
 
 
 def main() -> int:

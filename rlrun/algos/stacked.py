@@ -239,16 +239,15 @@ class SeedOptimizer:
             # parameters (twin critics) where the tie's index says
             kept = self.steps.optimizer.state.get(x)
             if kept:
-                state[i] = {k: self._own(v, x, tie) for k, v in kept.items()}
-                if isinstance(kept.get("step"), Tensor):  # where the single run's optimizer keeps it
-                    state[i]["step"] = _step_as(kept["step"], self.steps.settings, x.device)
+                state[i] = {k: self._own(k, v, x, tie) for k, v in kept.items()}
         group = self.steps.settings | {"lr": self.param_groups[0]["lr"]}
         return {"state": state, "param_groups": [group | {"params": list(range(len(self.params)))}]}
 
-    @staticmethod
-    def _own(value: Any, x: Tensor, tie: Tie) -> Any:
-        """A slice's state entry as the seed's own parameter's: shaped as the slice (moments) -> its part, laid out
-        as the parameter; anything else (step counts) as it is."""
+    def _own(self, key: str, value: Any, x: Tensor, tie: Tie) -> Any:
+        """A slice's state entry as the seed's own parameter's: its step count where the single run's optimizer keeps
+        it; shaped as the slice (moments) -> its part, laid out as the parameter; anything else as it is."""
+        if key == "step" and isinstance(value, Tensor):
+            return _step_as(value, self.steps.settings, x.device)
         if not (isinstance(value, Tensor) and value.shape == x.shape):
             return value.clone() if isinstance(value, Tensor) else value
         own = torch.zeros_like(tie.own)
@@ -263,10 +262,10 @@ class SeedOptimizer:
                 continue
             mine = kept.setdefault(x, {})
             for k, v in saved[i].items():
-                if isinstance(v, Tensor) and v.shape == tie.own.shape:
-                    mine.setdefault(k, torch.zeros_like(x))[tie.index].copy_(tie.view(v))
-                elif k == "step" and isinstance(v, Tensor):  # where the batch's optimizer keeps it
+                if k == "step" and isinstance(v, Tensor):  # where the batch's optimizer keeps it
                     mine[k] = _step_as(v, self.param_groups[0], x.device)
+                elif isinstance(v, Tensor) and v.shape == tie.own.shape:
+                    mine.setdefault(k, torch.zeros_like(x))[tie.index].copy_(tie.view(v))
                 else:
                     mine[k] = v.clone() if isinstance(v, Tensor) else v
 
