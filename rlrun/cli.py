@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, validate_play
 from rlrun.errors import Fault, FolderHeld, Interrupted, NonFiniteError, NothingToDo, UserError
+from rlrun.training.signals import raise_from_handler, raise_missed
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -321,7 +322,7 @@ def _report(args: list[str]) -> None:
 
 
 def _interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
+    raise_from_handler(Interrupted(signum))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -364,6 +365,7 @@ def _command(argv: list[str]) -> None:
     except NothingToDo as e:
         print(f"rlrun: {e}")
         return
+    raise_missed()  # before any run folder: a signal during the config check (imports, the env) that was swallowed
     args = checked.args
     # printing a config needs no run folder (nor torch)
     folder = _named_run_folder(args) if command == "train" and not runs_nothing(args) else None

@@ -89,9 +89,10 @@ def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
     from hydra_plugins.hydra_joblib_launcher._core import execute_job
 
     from rlrun.cli import mark_pooled_job
+    from rlrun.training.signals import forget_raised, raise_from_handler
 
     def interrupted(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
+        raise_from_handler(SystemExit(128 + signum))
 
     global _in_job
     previous = {s: signal.signal(s, interrupted) for s in STOPS + WARNINGS}
@@ -104,6 +105,7 @@ def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
         return ran
     finally:
         _in_job = False
+        forget_raised()
         for s, handler in previous.items():
             signal.signal(s, handler)
         if _orphaned() or _abandoned:  # its job done, nobody to hand the result to

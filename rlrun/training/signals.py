@@ -6,7 +6,33 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, NoReturn
+
+# The exception a start-up handler raised for a signal (cli.py's, a sweep worker's), kept: C code that calls Python
+# and then clears whatever error it raised (the C API's PyObject_HasAttr, which a C++ extension's hasattr calls, during
+# `import torch` say) swallows it silently, and the run went on to train as if the signal never came.
+_raised: BaseException | None = None
+
+
+def raise_from_handler(error: BaseException) -> NoReturn:
+    """Raise `error` from a signal handler before training takes the signals, kept for raise_missed()."""
+    global _raised
+    _raised = error
+    raise error
+
+
+def raise_missed() -> None:
+    """Raise again a start-up signal's exception if one was raised and the process is still going: at the points
+    start-up passes (the config check's end; where training takes the signals), so such a signal ends start-up a
+    few seconds late rather than never."""
+    if _raised is not None:
+        raise _raised
+
+
+def forget_raised() -> None:
+    """A process that goes on after a start-up signal's exception ended its job (a sweep's worker)."""
+    global _raised
+    _raised = None
 
 
 class StopNow(KeyboardInterrupt):
@@ -32,6 +58,7 @@ class StopSignal:
         self._previous: dict[int, Any] = {}
 
     def listen(self) -> None:
+        raise_missed()
         if threading.current_thread() is threading.main_thread():  # not so in some sweep launchers' workers
             signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
             self._previous = {s: signal.signal(s, self._handle) for s in signals}

@@ -211,3 +211,53 @@ def test_ctrl_c_inside_code_made_by_exec_still_exits_130(folder):
     out = rlrun("train", "env.imports=[slow_import]", f"hydra.run.dir={folder / 'run'}", cwd=folder, timeout=60)
     assert out.returncode == 128 + signal.SIGINT and not (folder / "run").exists(), out.stderr
     assert out.stderr.strip().splitlines()[-1] == "rlrun: error: interrupted" and "Traceback" not in out.stderr
+
+
+SWALLOWING = """
+import ctypes, os, signal, time
+from pathlib import Path
+import gymnasium as gym
+
+def swallowed(signum):
+    '''Send this process `signum` while C code calls Python and then clears any error (the C API's PyObject_HasAttr,
+    which a C++ extension's hasattr calls): the handler's exception is lost there.'''
+    class Probe:
+        def __getattr__(self, name):
+            os.kill(os.getpid(), signum)
+            time.sleep(2)  # the handler runs here, and raises
+    has_attr = ctypes.pythonapi.PyObject_HasAttr
+    has_attr.argtypes = [ctypes.py_object, ctypes.py_object]
+    has_attr(Probe(), 'x')
+
+class Swallowing(gym.Wrapper):
+    '''CartPole that, built for the run (its folder made), has a signal's exception swallowed.'''
+    def __init__(self):
+        super().__init__(gym.make('CartPole-v1'))
+        if Path('run', '.hydra').exists() and not Path('run', 'swallowed').exists():
+            Path('run', 'swallowed').touch()
+            swallowed(SIGNUM)
+
+gym.register('Swallowing-v0', entry_point=Swallowing)
+if WHERE == 'import':
+    swallowed(SIGNUM)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("where", ["import", "env"], ids=["in-the-config-check", "in-the-run"])
+def test_a_signal_whose_exception_c_code_swallowed_still_ends_start_up(folder, where, signum):
+    """A start-up signal's exception lost in C code that clears errors (CI saw a SIGTERM during `import torch` let the
+    run train on): start-up still ends with the signal's line and exit status, before any run folder when it came in
+    the config check, else where training takes the signals, the folder let go."""
+    (folder / "swallowing.py").write_text(f"SIGNUM, WHERE = {int(signum)}, {where!r}\n" + SWALLOWING)
+    run = folder / "run"
+    args = ["env.imports=[swallowing]", "env.id=Swallowing-v0", "total_steps=2048", f"hydra.run.dir={run}"]
+    out = rlrun("train", *args, cwd=folder, timeout=60)
+    assert out.returncode == 128 + signum and "Traceback" not in out.stderr, out.stderr[-2000:]
+    line = "rlrun: error: interrupted" if signum == signal.SIGINT else "rlrun: error: stopped by SIGTERM"
+    assert out.stderr.strip().splitlines()[-1] == line, out.stderr
+    if where == "import":
+        assert not run.exists()
+    else:
+        assert (run / "swallowed").exists() and not (run / ".rlrun.lock").exists()
+        assert not (run / "checkpoints").exists()
