@@ -55,6 +55,8 @@ def start_worker(sweep_pid: int) -> None:
     for s in STOPS + WARNINGS:  # SLURM's --signal reaches every process of the job step, idle workers too
         signal.signal(s, _idle)
     signal.signal(ABANDON, _abandon)
+    import torch  # noqa: F401  (while the signals are still blocked: rlrun.training.signals.import_torch says why)
+
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS + WARNINGS)
     threading.Thread(target=watch, name="rlrun-sweep-watch", daemon=True).start()
 

@@ -35,6 +35,18 @@ def forget_raised() -> None:
     _raised = None
 
 
+def import_torch() -> None:
+    """Import torch with SIGINT and SIGTERM held back until it has loaded; one that came meanwhile is handled as it
+    ends. Raised inside torch's C++ initialisation (which imports Python modules), a handler's exception ends the
+    process in std::terminate ("terminate called after throwing an instance of 'python_error'", SIGABRT, a run
+    folder's lock left behind) or is lost."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+    try:
+        import torch  # noqa: F401
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class StopNow(KeyboardInterrupt):
     """A second signal: stop at once, wherever the run is (the summary is still written)."""
 

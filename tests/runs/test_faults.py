@@ -261,3 +261,33 @@ def test_a_signal_whose_exception_c_code_swallowed_still_ends_start_up(folder, w
     else:
         assert (run / "swallowed").exists() and not (run / ".rlrun.lock").exists()
         assert not (run / "checkpoints").exists()
+
+
+def test_a_signal_while_torch_loads_is_one_line_not_an_abort(folder):
+    """SIGTERM while torch's C++ initialisation imports Python modules (a sitecustomize times it there): the handler's
+    exception raised inside it ended the process in std::terminate (SIGABRT, "terminate called after throwing an
+    instance of 'python_error'", the run folder's lock left). torch now loads with the signals held, so the signal
+    ends start-up as anywhere else: one line, exit 143, before any run folder (torch loads in the config check)."""
+    (folder / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "inside = []\n"
+        "def hook(frame, event, arg):\n"
+        "    if event == 'c_call' and getattr(arg, '__name__', '') == '_c10d_init':\n"
+        "        inside.append(arg)\n"
+        "    elif event == 'call' and inside:  # a Python function that torch's C++ calls\n"
+        "        sys.setprofile(None)\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.setprofile(hook)\n"
+    )
+    run = folder / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "rlrun", "train", "total_steps=2048", f"hydra.run.dir={run}"],
+        cwd=folder,
+        env={**cli_env(), "PYTHONPATH": str(folder)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 128 + signal.SIGTERM and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == "rlrun: error: stopped by SIGTERM", out.stderr
+    assert not run.exists()
