@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, validate_play
 from rlrun.errors import Fault, FolderHeld, Interrupted, NonFiniteError, NothingToDo, UserError
-from rlrun.training.signals import raise_from_handler, raise_missed
+from rlrun.training.signals import TorchLoadsHeld, quiet_lost_signals, raise_from_handler, raise_missed
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -329,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     from rlrun.job_env import launched_externally
 
     signal.signal(signal.SIGINT, _interrupted)  # not Python's own: see Interrupted
+    quiet_lost_signals()
+    sys.meta_path.insert(0, TorchLoadsHeld())
     # SIGTERM at start-up as Ctrl-C: one line, and the run folder let go (it ended the process at once, silently,
     # leaving the lock file). Not in a rank of a job: a Python handler cannot run while the rank waits in the C++
     # rendezvous for a peer that may never come, and SIGTERM's default is what ends it then.

@@ -43,6 +43,8 @@ def start_worker(sweep_pid: int) -> None:
     import threading
     import time
 
+    from rlrun.training.signals import quiet_lost_signals
+
     global _sweep_pid
     _sweep_pid = sweep_pid
     os.setsid()
@@ -55,7 +57,8 @@ def start_worker(sweep_pid: int) -> None:
     for s in STOPS + WARNINGS:  # SLURM's --signal reaches every process of the job step, idle workers too
         signal.signal(s, _idle)
     signal.signal(ABANDON, _abandon)
-    import torch  # noqa: F401  (while the signals are still blocked: rlrun.training.signals.import_torch says why)
+    quiet_lost_signals()
+    import torch  # noqa: F401  (while the signals are still blocked: rlrun.training.signals.TorchLoadsHeld says why)
 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS + WARNINGS)
     threading.Thread(target=watch, name="rlrun-sweep-watch", daemon=True).start()

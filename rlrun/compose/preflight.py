@@ -37,7 +37,6 @@ from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, check, validate_play
 from rlrun.config.batched import LAUNCHER, batch_refusal
 from rlrun.errors import UserError
 from rlrun.run_folder import list_checkpoints
-from rlrun.training.signals import import_torch
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -138,8 +137,6 @@ def preflight(command: str, args: list[str]) -> Preflight:
         return Preflight(args)
     overrides = list(parsed.overrides)
     runs = not runs_nothing(args)
-    if runs:  # first, as loading a checkpoint (resume, play) or the run would import it, but with signals held
-        import_torch()
     if command == "play":
         _no_training_choices(overrides)
     single = command == "train" and not parsed.multirun

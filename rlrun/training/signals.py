@@ -1,17 +1,33 @@
 """How a run is asked to stop: the first signal at the next iteration boundary (with a checkpoint), a second one at
-once (StopNow)."""
+once (StopNow); and how a signal before that, during start-up, is never lost nor aborts the process."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import signal
+import sys
 import threading
 from typing import Any, NoReturn
 
 # The exception a start-up handler raised for a signal (cli.py's, a sweep worker's), kept: C code that calls Python
-# and then clears whatever error it raised (the C API's PyObject_HasAttr, which a C++ extension's hasattr calls, during
-# `import torch` say) swallows it silently, and the run went on to train as if the signal never came.
+# and then clears whatever error it raised (the C API's PyObject_HasAttr, which a C++ extension's hasattr calls)
+# swallows it silently, as does Python itself in a weakref callback or __del__ (with a traceback), and the run went on
+# to train as if the signal never came.
 _raised: BaseException | None = None
+
+
+def quiet_lost_signals() -> None:
+    """No traceback for a start-up signal's exception that Python itself lost (in a weakref callback, as an import
+    runs them, or a __del__): raise_missed() raises it again, which ends start-up with its one line."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if _raised is None or unraisable.exc_value is not _raised:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def raise_from_handler(error: BaseException) -> NoReturn:
@@ -35,16 +51,36 @@ def forget_raised() -> None:
     _raised = None
 
 
-def import_torch() -> None:
-    """Import torch with SIGINT and SIGTERM held back until it has loaded; one that came meanwhile is handled as it
-    ends. Raised inside torch's C++ initialisation (which imports Python modules), a handler's exception ends the
-    process in std::terminate ("terminate called after throwing an instance of 'python_error'", SIGABRT, a run
-    folder's lock left behind) or is lost."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
-    try:
-        import torch  # noqa: F401
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+class TorchLoadsHeld(importlib.abc.MetaPathFinder):
+    """In sys.meta_path (the CLI's first step): wherever torch is first imported (a checkpoint's load, the run, a user's
+    env module), it loads with SIGINT and SIGTERM held back, and one that came meanwhile is handled as it ends. Raised
+    inside torch's C++ initialisation (which imports Python modules), a handler's exception ended the process in
+    std::terminate ("terminate called after throwing an instance of 'python_error'", SIGABRT, a run folder's lock
+    left behind) or was lost."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "torch":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Held(spec.loader)
+        return spec
+
+
+class _Held(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__spec__.loader = module.__loader__ = self.loader  # torch's own from here on
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+        try:
+            self.loader.exec_module(module)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class StopNow(KeyboardInterrupt):
