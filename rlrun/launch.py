@@ -19,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from rlrun.compose.store import from_yaml
 from rlrun.config import TrainConfig
 from rlrun.distributed import is_peer_loss
+from rlrun.training.signals import forget_raised, raise_missed
 
 log = logging.getLogger("rlrun")
 
@@ -54,6 +55,7 @@ def launch(
     # The agent logs every rank's failure at length; rlrun reports the root cause once (root_cause).
     for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    raise_missed()  # the agent takes the signals from here: a start-up signal whose exception was lost ends here
     try:
         results = elastic_launch(config, rank_main)(config_yaml, str(run_dir), resume, overrides)
     except SignalException as e:  # Ctrl-C or SIGTERM reached the agent: exit as the signal says
@@ -121,6 +123,7 @@ def rank_main(config_yaml: str, run_dir: str, resume: str | None, overrides: lis
     from rlrun.run_folder import list_checkpoints
     from rlrun.train import train
 
+    forget_raised()  # a forked rank's copy of the launcher's: the launcher stops the job for it
     _die_with_launcher()
     # The agent forwards Ctrl-C/SIGTERM to each rank once; out of the terminal's process group a rank does
     # not get the same signal twice (which would skip its final checkpoint).

@@ -100,18 +100,20 @@ def run_job(idx: int, overrides: Sequence[str], *job: Any) -> JobReturn:
         raise_from_handler(SystemExit(128 + signum))
 
     global _in_job
-    previous = {s: signal.signal(s, interrupted) for s in STOPS + WARNINGS}
-    mark_pooled_job()
-    _in_job = True
+    previous: dict[int, Any] = {}
     try:
+        for signum in STOPS + WARNINGS:
+            previous[signum] = signal.signal(signum, interrupted)
+        mark_pooled_job()
+        _in_job = True
         if _noted is not None:
             raise SystemExit(128 + _noted)
         ran: JobReturn = execute_job(idx, overrides, *job)
         return ran
     finally:
         _in_job = False
-        forget_raised()
         for s, handler in previous.items():
             signal.signal(s, handler)
+        forget_raised()  # after: the job's handler can no longer raise
         if _orphaned() or _abandoned:  # its job done, nobody to hand the result to
             _exit(1)

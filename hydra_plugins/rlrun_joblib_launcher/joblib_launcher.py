@@ -64,6 +64,7 @@ class JoblibLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from rlrun.cli import end_interrupted_sweep, fail
         from rlrun.run_folder import resume_command
+        from rlrun.training.signals import raise_missed
 
         try:
             from joblib import effective_n_jobs
@@ -82,6 +83,7 @@ class JoblibLauncher(Launcher):
             log.info("\t#%d : %s", initial_job_idx + idx, " ".join(filter_overrides(overrides)))
         if self.pool is None:  # one for the whole sweep: a sweeper's batches (Optuna's trials) reuse its workers
             self.pool = ProcessPoolExecutor(workers, initializer=start_worker, initargs=(os.getpid(),))
+        raise_missed()  # the sweep's handler takes the signals from here: a start-up signal that was lost ends here
         with _Stop() as stop:
             stop.pool = self.pool
             returns, ended = self._run(list(job_overrides), initial_job_idx, n_jobs, stop)

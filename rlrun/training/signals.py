@@ -53,10 +53,9 @@ def forget_raised() -> None:
 
 class TorchLoadsHeld(importlib.abc.MetaPathFinder):
     """In sys.meta_path (the CLI's first step): wherever torch is first imported (a checkpoint's load, the run, a user's
-    env module), it loads with SIGINT and SIGTERM held back, and one that came meanwhile is handled as it ends. Raised
-    inside torch's C++ initialisation (which imports Python modules), a handler's exception ended the process in
-    std::terminate ("terminate called after throwing an instance of 'python_error'", SIGABRT, a run folder's lock
-    left behind) or was lost."""
+    env module), SIGINT and SIGTERM are only noted while it loads. A handler's exception raised inside torch's C++
+    initialisation (which imports Python modules) ended the process in std::terminate ("terminate called after
+    throwing an instance of 'python_error'", SIGABRT, a run folder's lock left behind) or was lost."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name != "torch":
@@ -76,11 +75,38 @@ class _Held(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         module.__spec__.loader = module.__loader__ = self.loader  # torch's own from here on
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+        if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's to change
+            self.loader.exec_module(module)
+            return
+        came: list[int] = []
+        # Handlers that note, rather than a blocked mask: a signal the kernel hands another thread still runs the
+        # main thread's handler, inside torch's initialisation.
+        handlers: dict[int, Any] = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in _STOPS}
         try:
             self.loader.exec_module(module)
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            for s, handler in handlers.items():
+                signal.signal(s, handler)
+            if came:
+                _deliver(handlers[came[0]], came[0])
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _deliver(handler: Any, signum: int) -> None:
+    """A signal that came while torch loaded, given to its handler now. An exception the handler raises waits for
+    raise_missed(), at start-up's next check: raised here, inside the import, it would leave torch half-imported
+    (initialised, yet out of sys.modules)."""
+    global _raised
+    if not callable(handler):  # the default (a rank of an external job: SIGTERM ends it) or ignored
+        signal.signal(signum, handler)
+        os.kill(os.getpid(), signum)
+        return
+    try:
+        handler(signum, None)
+    except BaseException as e:  # noqa: BLE001 (kept, not lost: raise_missed raises it)
+        _raised = e
 
 
 class StopNow(KeyboardInterrupt):
