@@ -72,12 +72,16 @@ def failed_ranks(error: BaseException) -> str | None:
 def root_cause(error: ChildFailedError) -> str:
     """The failing rank and its traceback, once. Ranks that only failed because a peer died first (a
     broken connection in a collective) are not the cause; among the rest, the earliest error wins. All
-    error files of this node are read, not only the ranks the agent happened to see fail."""
+    error files of this node are read, not only the ranks the agent happened to see fail, but for one a rank
+    did not finish writing (torch's writer is not atomic)."""
     rank, first = error.get_first_failure()
     candidates = []
     folder = Path(first.error_file).parent.parent if first.error_file else None
     for path in sorted(folder.glob("*/error.json")) if folder else []:
-        data = json.loads(path.read_text()).get("message", {})
+        try:
+            data = json.loads(path.read_text()).get("message", {})
+        except ValueError:  # cut short: the agent stopped that rank while it wrote its own error (not the first)
+            continue
         if isinstance(data, dict):
             trace = data.get("extraInfo", {}).get("py_callstack", data.get("message", ""))
             stamp = int(data.get("extraInfo", {}).get("timestamp", 0))
