@@ -39,14 +39,15 @@ def raise_from_handler(error: BaseException) -> NoReturn:
 
 def raise_missed() -> None:
     """Raise again a start-up signal's exception if one was raised and the process is still going: at the points
-    start-up passes (the config check's end; where training takes the signals), so such a signal ends start-up a
-    few seconds late rather than never."""
+    start-up passes (the config check's end; where training, the DDP launcher's agent or a parallel sweep takes the
+    signals), so such a signal ends start-up a few seconds late rather than never."""
     if _raised is not None:
         raise _raised
 
 
 def forget_raised() -> None:
-    """A process that goes on after a start-up signal's exception ended its job (a sweep's worker)."""
+    """A process that goes on after a start-up signal's exception ended its job (a sweep's worker), or that is not
+    the one it was for (a DDP rank forked from the launcher)."""
     global _raised
     _raised = None
 
@@ -64,6 +65,9 @@ class TorchLoadsHeld(importlib.abc.MetaPathFinder):
         if spec is not None and spec.loader is not None:
             spec.loader = _Held(spec.loader)
         return spec
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Held(importlib.abc.Loader):
@@ -91,16 +95,12 @@ class _Held(importlib.abc.Loader):
                 _deliver(handlers[came[0]], came[0])
 
 
-_STOPS = (signal.SIGINT, signal.SIGTERM)
-
-
 def _deliver(handler: Any, signum: int) -> None:
     """A signal that came while torch loaded, given to its handler now. An exception the handler raises waits for
     raise_missed(), at start-up's next check: raised here, inside the import, it would leave torch half-imported
     (initialised, yet out of sys.modules)."""
     global _raised
-    if not callable(handler):  # the default (a rank of an external job: SIGTERM ends it) or ignored
-        signal.signal(signum, handler)
+    if not callable(handler):  # the default (a rank of an external job: SIGTERM ends it) or ignored, restored already
         os.kill(os.getpid(), signum)
         return
     try:
