@@ -60,7 +60,9 @@ class BatchedNumpyPolicy:
             out -= out.max(-1, keepdims=True)
             log_p = out - np.log(np.exp(out).sum(-1, keepdims=True))
             action = (log_p - np.log(e)).argmax(-1)
-            log_prob = np.take_along_axis(log_p, action[..., None], -1)[..., 0]
+            # each row's entry at its action, by flat index (np.take_along_axis builds index grids on every call)
+            P = log_p.shape[-1]
+            log_prob = log_p.reshape(-1)[np.arange(0, log_p.size, P) + action.reshape(-1)].reshape(action.shape)
         else:  # as gaussian_sample: mean + std * N(0, 1)
             action = out + np.exp(self.log_std) * e
             log_prob = (-0.5 * np.square(e) - self.log_std).sum(-1) - 0.5 * LOG_2PI * out.shape[-1]

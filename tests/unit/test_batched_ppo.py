@@ -22,6 +22,7 @@ from rlrun.envs import SyncEnvs, env_seeds, make_env
 from rlrun.errors import NonFiniteError
 from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
 from rlrun.fast.fused_batched_ppo import FusedBatchedPPOLearner
+from rlrun.fast.fused_ppo import SIGMOID_TANH_FROM
 from rlrun.fast.joined_sync import JoinedSyncEnvs
 from rlrun.fast.rollout_noise import draw_noise_at_once
 from rlrun.models import build_actor_critic
@@ -287,12 +288,21 @@ def minibatch(model: BatchedActorCritic, S: int = 3, B: int = 16) -> dict[str, t
     }
 
 
+# (seeds, rows): a small batch, and 8 seeds' minibatches of 128 rows, whose tanh activations the fused loss takes
+# as 2 sigmoid(2z) - 1 (fused_ppo.SIGMOID_TANH_FROM) and whose heads' products go through numpy
+SIZES = {"small": (3, 16), "8x128": (8, 128)}
+
+
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("clip_vloss", [True, False])
 @pytest.mark.parametrize("space", SPACES)
-def test_the_fused_batched_loss_equals_the_reference_with_its_gradients(space, clip_vloss):
+def test_the_fused_batched_loss_equals_the_reference_with_its_gradients(space, clip_vloss, size):
     torch.manual_seed(0)
-    model, cfg = stacked_model(space), PPOConfig(clip_vloss=clip_vloss)
-    mb, params = minibatch(model), model.seed_parameters()
+    S, B = SIZES[size]
+    model, cfg = stacked_model(space, S), PPOConfig(clip_vloss=clip_vloss)
+    if size != "small" and isinstance(model.activation, nn.Tanh):
+        assert 2 * S * B * model.hidden >= SIGMOID_TANH_FROM  # the sigmoid form is what is checked
+    mb, params = minibatch(model, S, B), model.seed_parameters()
     expected_loss, expected_stats = BatchedPPOLearner(model, cfg)(**mb)
     loss, stats = FusedBatchedPPOLearner(model, cfg)(**mb)
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
