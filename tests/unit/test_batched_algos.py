@@ -124,7 +124,9 @@ def batched_run(
 
 
 def assert_close_states(a: dict[str, Any], b: dict[str, Any], path: str = "", rtol: float = 0.0) -> None:
-    """Two checkpoint states alike: tensors to 1e-5 (and `rtol`), everything else equal."""
+    """Two checkpoint states alike: tensors and floats computed from them (PER's max priority) to 1e-5 (and `rtol`),
+    everything else equal. (A batch's products and a single run's round apart by an ulp on some CPUs: the max priority
+    of an AMD EPYC's runs differed in its last float32 bit.)"""
     assert type(a) is type(b), path
     if isinstance(a, dict):
         assert list(a) == list(b), path
@@ -136,6 +138,8 @@ def assert_close_states(a: dict[str, Any], b: dict[str, Any], path: str = "", rt
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
             assert_close_states(x, y, f"{path}[{i}]", rtol)
+    elif isinstance(a, float):
+        assert math.isclose(a, b, rel_tol=rtol, abs_tol=1e-5), f"{path}: {a} != {b}"
     else:
         assert a == b, path
 
