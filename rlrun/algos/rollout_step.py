@@ -5,7 +5,7 @@ group of envs while the policy acts for the other."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -18,12 +18,14 @@ from rlrun.envs.protocol import Episodes, StepResult
 
 ACTED = ("obs", "actions", "log_probs", "values")  # what act_step stores
 STEPPED = ("rewards_np", "terminated_np", "truncated_np")  # what observe_step stores (numpy views), and next_values
-# (obs [n, ...], t, envs) -> action, log-prob, value; and (final obs [k, ...], their env indices) -> V [k]
-Act = Callable[[Tensor, int, slice], tuple[Tensor, Tensor, Tensor]]
-ValueOf = Callable[[np.ndarray, np.ndarray], Tensor]
+# (obs [n, ...], t, envs) -> action, log-prob, value; and (final obs [k, ...], their env indices) -> V [k]. Rows are
+# tensors, or numpy arrays where acting is numpy's and `out` holds numpy views (rlrun/fast/numpy_rollout.py).
+Rows = TypeVar("Rows", Tensor, np.ndarray)
+Act = Callable[[Rows, int, slice], tuple[Rows, Rows, Rows]]
+ValueOf = Callable[[np.ndarray, np.ndarray], Tensor | np.ndarray]
 
 
-def act_step(act: Act, obs: Tensor, t: int, envs: slice, out: Any) -> Tensor:
+def act_step(act: Act[Rows], obs: Rows, t: int, envs: slice, out: Any) -> Rows:
     """Act on the observations `obs` of the envs `envs` at rollout step t, storing obs, action, log-prob and
     value in row t of `out`; returns the actions."""
     action, log_prob, value = act(obs, t, envs)

@@ -40,6 +40,7 @@ from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.joined_sync import all_cartpoles, all_in_process, join_cartpoles, join_envs
 from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_q import NumpyEpsilonGreedy
+from rlrun.fast.numpy_rollout import NumpyRollout
 from rlrun.fast.rollout_noise import draw_noise_at_once
 from rlrun.fast.selfcheck import (
     CheckedBatchedPolicy,
@@ -139,8 +140,14 @@ def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
     if cpu and fused is not None:
         # Acting for a vector step in numpy on views of the live weights: a numpy call costs a fraction of a torch
         # operator at these sizes. Checked against the model's act on the first step.
-        parts.policy = CheckedPolicy(NumpyPolicy(fused), fused)
+        parts.policy = policy = CheckedPolicy(NumpyPolicy(fused), fused)
         applied.append("numpy acting")
+        if type(envs) is SyncEnvs and algo.obs_rms is None and algo.obs_dtype == torch.float32:
+            # The rollout stays in numpy around numpy acting (and a categorical policy's noise is drawn once per
+            # rollout): for a few in-process envs, the torch tensors made and stacked around acting each step cost
+            # more than acting. From the second rollout, numpy acting checked on the first.
+            parts.collect_steps = NumpyRollout(algo, policy, parts.collect_steps)
+            applied.append("rollout kept in numpy")
     if _workers_can_act(envs, algo):
         # Each env worker runs its envs' rollout with a copy of the policy: one command per rollout instead of a
         # round trip per step, acting on every core beside the envs. Over Ray that round trip is milliseconds.

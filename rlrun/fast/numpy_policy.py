@@ -43,18 +43,32 @@ class NumpyPolicy:
         return h[0] @ self.policy_head[0] + self.policy_head[1], (h[1] @ self.value_head[0] + self.value_head[1])[:, 0]
 
     def value(self, obs: Tensor) -> Tensor:
-        return torch.from_numpy(self._forward(obs.numpy())[1])
+        return torch.from_numpy(self.values(obs.numpy()))
+
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """V [B] of observations [B, ...], in numpy."""
+        return self._forward(obs)[1]
 
     def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(action [B] or [B, D], log-prob [B], value [B]) for observations [B, ...], as ActorCritic.act."""
-        out, value = self._forward(obs.numpy())
+        action, log_prob, value = self.act_arrays(obs.numpy(), self.draw(len(obs)))
+        return torch.from_numpy(action), torch.from_numpy(log_prob), torch.from_numpy(value)
+
+    def draw(self, n: int) -> np.ndarray:
+        """The noise ActorCritic.act draws for n observations, from torch's generator: Exp(1) per logit
+        (categorical_sample), or N(0, 1) per action dimension (gaussian_sample)."""
+        shape = (n, self.policy_head[0].shape[1])
+        return (torch.empty(shape).exponential_() if self.log_std is None else torch.randn(shape)).numpy()
+
+    def act_arrays(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """act in numpy, with the noise drawn (as draw draws it)."""
+        out, value = self._forward(obs)
         if self.log_std is None:  # categorical, sampled with the Gumbel-max trick as categorical_sample
             out -= out.max(1, keepdims=True)
             log_p = out - np.log(np.exp(out).sum(1, keepdims=True))
-            action = (log_p - np.log(torch.empty(log_p.shape).exponential_().numpy())).argmax(1)
+            action = (log_p - np.log(noise)).argmax(1)
             log_prob = log_p[np.arange(len(out)), action]
-        else:
-            noise = torch.randn(out.shape).numpy()  # as gaussian_sample: mean + std * N(0, 1)
+        else:  # as gaussian_sample: mean + std * N(0, 1)
             action = out + np.exp(self.log_std) * noise
             log_prob = (-0.5 * np.square(noise) - self.log_std).sum(1) - 0.5 * LOG_2PI * out.shape[1]
-        return torch.from_numpy(action), torch.from_numpy(log_prob), torch.from_numpy(value)
+        return action, log_prob, value

@@ -4,6 +4,7 @@ state dicts interchangeable), NumpyPolicy against ActorCritic.act, channels-last
 whole first update with algo.fast on and off; and SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling
 against torch.multinomial."""
 
+import logging
 from dataclasses import replace
 
 import gymnasium as gym
@@ -157,6 +158,68 @@ def test_numpy_policy_acts_as_the_torch_model(discrete):
     torch.testing.assert_close(policy.value(obs), values, rtol=1e-5, atol=1e-5)
 
 
+def collected(env_id: str, in_numpy: bool, rollouts: int = 4, num_envs: int = 4) -> tuple[list, list]:
+    """Each rollout's tensors and episodes, the observations after it and torch's RNG state, from seed 1 with every
+    acceleration (numpy acting included); `in_numpy` False swaps back the reference's collect steps around it."""
+    cfg = PPOConfig(num_steps=48, fast=True)
+    envs = SyncEnvs([make_env(EnvConfig(id=env_id, max_episode_steps=40), train=True) for _ in range(num_envs)])
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, num_envs)
+    torch.manual_seed(1)
+    algo = PPO(cfg, ModelConfig(), spec, torch.device("cpu"))
+    applied = accelerate(algo, envs)
+    if not in_numpy:
+        algo.parts.collect_steps = algo.parts.collect_steps.reference
+    algo.start(envs.reset(seed=env_seeds(1, 0, num_envs))[0])
+    r, out = algo.rollout, []
+    for _ in range(rollouts):
+        episodes = algo.collect(envs)
+        fields = (r.obs, r.actions, r.log_probs, r.values, r.next_values, r.rewards, r.terminated, r.truncated)
+        out.append([f.clone() for f in fields] + [episodes, algo.next_obs.copy(), torch.get_rng_state()])
+    envs.close()
+    return out, applied
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_a_rollout_kept_in_numpy_is_the_reference_collects(env_id):
+    """The same rollouts to the bit, truncations (episodes of 40 steps) bootstrapped, and torch's generator left
+    where it is left: a categorical policy's noise drawn once per rollout, a Gaussian one's step by step."""
+    ours, applied = collected(env_id, in_numpy=True)
+    reference, _ = collected(env_id, in_numpy=False)
+    assert "rollout kept in numpy" in applied
+    for step, (a, b) in enumerate(zip(ours, reference, strict=True)):
+        for x, y in zip(a[:8], b[:8], strict=True):
+            assert torch.equal(x, y), step
+        (episodes, obs, rng), (ref_episodes, ref_obs, ref_rng) = a[8:], b[8:]
+        assert episodes["episode_returns"].tolist() == ref_episodes["episode_returns"].tolist()
+        assert episodes["episode_lengths"].tolist() == ref_episodes["episode_lengths"].tolist()
+        assert np.array_equal(obs, ref_obs) and torch.equal(rng, ref_rng)
+    assert sum(len(a[8]["episode_lengths"]) for a in ours) > 4  # episodes ended, and were counted
+
+
+class DrawsFromTorch(gym.Wrapper):
+    """An env of a user's that draws from torch's generator as it steps."""
+
+    def step(self, action):
+        torch.rand(1)
+        return self.env.step(action)
+
+
+def test_a_rollout_kept_in_numpy_says_when_an_env_draws_from_torch(caplog):
+    """Acting's noise drawn ahead would no longer be what the reference draws: one line, then drawn step by step."""
+    num_envs = 2
+    envs = SyncEnvs([lambda: DrawsFromTorch(make_env(EnvConfig(), train=True)()) for _ in range(num_envs)])
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, num_envs)
+    algo = PPO(PPOConfig(num_steps=16, fast=True), ModelConfig(), spec, torch.device("cpu"))
+    accelerate(algo, envs)
+    algo.start(envs.reset(seed=env_seeds(1, 0, num_envs))[0])
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        for _ in range(4):
+            algo.collect(envs)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["torch's generator was drawn from during a rollout: acting draws its noise step by step now"]
+    envs.close()
+
+
 def test_gumbel_max_sampling_draws_what_multinomial_draws():
     log_p = torch.randn(500, 4).log_softmax(-1)
     torch.manual_seed(7)
@@ -230,7 +293,11 @@ def first_update(fast: bool) -> tuple[list[torch.Tensor], list[str]]:
 def test_first_update_with_and_without_accelerations_agree():
     fast, applied = first_update(True)
     ref, none = first_update(False)
-    assert applied == ["fused PPO loss", "flat Adam", "numpy acting", "CartPole stepped as arrays"] and none == []
+    assert (
+        applied
+        == ["fused PPO loss", "flat Adam", "numpy acting", "rollout kept in numpy", "CartPole stepped as arrays"]
+        and none == []
+    )
     for a, b in zip(fast, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
