@@ -192,6 +192,11 @@ def draw_rollout_noise(
 DrawNoise = Callable[[Sequence[torch.Generator], str, tuple[int, int, int], torch.device], Tensor]
 
 
+# (the joined envs, their observations [S * N, ...], the rollout's noise [T, S, N, P]) -> (the observations after the
+# rollout, each step's ended episodes): a rollout's steps, written into the batch's rows (BatchedPPO._rows)
+BatchedCollectSteps = Callable[["Stepping", np.ndarray, Tensor], tuple[np.ndarray, list[EndedEpisodes]]]
+
+
 class BatchedActing(Protocol):
     """What acts for the seeds while collecting (BatchedActorCritic itself, in the reference)."""
 
@@ -274,6 +279,7 @@ class BatchedPPOParts:
     join_envs: Callable[[Sequence[VectorEnv]], Stepping]  # the seeds' vector envs as one: JoinedEnvs
     draw_noise: DrawNoise  # a rollout's acting noise from the seeds' generators: draw_rollout_noise
     step_seeds: Callable[[Tensor | None], None]  # the optimizer step of the active seeds [S] (bool): SeedSteps.step
+    collect_steps: BatchedCollectSteps  # a rollout's steps into the batch's rows: BatchedPPO.act_and_step
 
 
 class BatchedPPO:
@@ -311,6 +317,7 @@ class BatchedPPO:
             join_envs=JoinedEnvs,
             draw_noise=draw_rollout_noise,
             step_seeds=self.optimizer.step,
+            collect_steps=self.act_and_step,
         )
         for s, a in enumerate(seeds):  # each seed's optimizer becomes its share of the stack's
             if "optimizer" in vars(a):
@@ -357,7 +364,7 @@ class BatchedPPO:
         envs return), and never used."""
         self.running[seed] = False
 
-    def _rows(self) -> SimpleNamespace:
+    def step_rows(self) -> SimpleNamespace:
         """The rollout as rows of S x N envs, [T, S * N, ...] views, under Rollout's names (rollout_step's `out`)."""
         r = {k: v.flatten(1, 2) for k, v in self.rollout.items()}
         numpy_views = {f"{k}_np": r[k].numpy() for k in ("rewards", "terminated", "truncated")}
@@ -380,20 +387,9 @@ class BatchedPPO:
             a.model.eval()
         assert all(a.next_obs is not None for a in self.seeds), "collect before start"
         obs = np.concatenate([cast(np.ndarray, a.next_obs) for a in self.seeds])
-        joined, rows, everyone = self._stepping(envs), self._rows(), slice(0, S * N)
-        acted = {name: StepRows(getattr(rows, name)) for name in ACTED}
-        out = SimpleNamespace(**acted, next_values=rows.next_values, **{k: getattr(rows, k) for k in STEPPED})
         P = self.model.policy_w.shape[-1]
         noise = self.parts.draw_noise(self.noise_generators, self.model.kind, (T, N, P), self.device)
-        ended = []
-        for t in range(T):
-            act = functools.partial(self._act, noise[t])
-            actions = act_step(act, self._observations(obs, update_stats=True), t, everyone, out)
-            result = joined.step(actions.cpu().numpy())
-            obs, _ = observe_step(self._value_of, result, t, everyone, out)
-            ended.append(result.episodes)
-        for stored in acted.values():
-            stored.flush()
+        obs, ended = self.parts.collect_steps(self._stepping(envs), obs, noise)
         for a in self.seeds:  # step by step, in order, as the envs returned them (PPO.collect)
             if a.ret_rms is not None:
                 done = a.rollout.terminated_np | a.rollout.truncated_np
@@ -406,6 +402,24 @@ class BatchedPPO:
         for s, a in enumerate(self.seeds):
             a.next_obs, a.length = obs[s * N : (s + 1) * N], T
         return [episodes_of([episodes], T * N) for episodes in seeds_episodes(ended, S)]
+
+    def act_and_step(self, joined: Stepping, obs: np.ndarray, noise: Tensor) -> tuple[np.ndarray, list[EndedEpisodes]]:
+        """collect's steps (BatchedCollectSteps): PPO's act_step and observe_step on the S x N envs of `joined`, from
+        their observations `obs`, acting with the step's `noise`. Returns the observations after the rollout and each
+        step's ended episodes."""
+        rows, everyone = self.step_rows(), slice(0, self.S * self.N)
+        acted = {name: StepRows(getattr(rows, name)) for name in ACTED}
+        out = SimpleNamespace(**acted, next_values=rows.next_values, **{k: getattr(rows, k) for k in STEPPED})
+        ended = []
+        for t in range(self.cfg.num_steps):
+            act = functools.partial(self._act, noise[t])
+            actions = act_step(act, self._observations(obs, update_stats=True), t, everyone, out)
+            result = joined.step(actions.cpu().numpy())
+            obs, _ = observe_step(self.value_of, result, t, everyone, out)
+            ended.append(result.episodes)
+        for stored in acted.values():
+            stored.flush()
+        return obs, ended
 
     def _observations(self, obs: np.ndarray, update_stats: bool = False) -> Tensor:
         """The raw observations of the S x N envs [S * N, ...] as the seeds' networks see them: each seed's own
@@ -422,7 +436,7 @@ class BatchedPPO:
         action, log_prob, value = self.parts.policy.act(x.view(S, N, *x.shape[1:]), noise)
         return action.flatten(0, 1), log_prob.flatten(0, 1), value.flatten(0, 1)
 
-    def _value_of(self, obs: np.ndarray, envs: np.ndarray | slice) -> Tensor:
+    def value_of(self, obs: np.ndarray, envs: np.ndarray | slice) -> Tensor:
         """V of raw final observations [k, ...] of the batch's envs `envs` (indices, ascending): each by its seed's
         own network and normalizer (PPO.value_of)."""
         index = np.arange(self.S * self.N)[envs]

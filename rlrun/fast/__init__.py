@@ -40,7 +40,7 @@ from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.joined_sync import all_cartpoles, all_in_process, join_cartpoles, join_envs
 from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_q import NumpyEpsilonGreedy
-from rlrun.fast.numpy_rollout import NumpyRollout
+from rlrun.fast.numpy_rollout import BatchedNumpyRollout, NumpyRollout
 from rlrun.fast.rollout_noise import draw_noise_at_once
 from rlrun.fast.selfcheck import (
     CheckedBatchedPolicy,
@@ -200,8 +200,12 @@ def _accelerate_seeds(batch: BatchedPPO, parts: BatchedPPOParts, envs: Sequence[
     if fused and batch.device.type == "cpu":
         # Acting in numpy on views of the stacked weights: at a few envs per seed a numpy call costs a fraction of a
         # torch operator. Checked against BatchedActorCritic.act on the first step.
-        parts.policy = CheckedBatchedPolicy(BatchedNumpyPolicy(model), parts.policy)
+        parts.policy = policy = CheckedBatchedPolicy(BatchedNumpyPolicy(model), parts.policy)
         applied.append("batched numpy acting")
+        if batch.seeds[0].obs_rms is None and batch.seeds[0].obs_dtype == torch.float32:
+            # As for one run: the batch's rollout stays in numpy around batched numpy acting, from the second rollout.
+            parts.collect_steps = BatchedNumpyRollout(batch, policy, parts.collect_steps)
+            applied.append("rollout kept in numpy")
     if SeedsAdamStep.applies(batch.optimizer):
         # The seeds' Adam steps as one call of torch.optim's fused kernel over the active seeds' S x J slices,
         # without torch.optim's per-tensor bookkeeping around it: the same kernel, so the same numbers.

@@ -52,10 +52,14 @@ class BatchedNumpyPolicy:
 
     def act(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(actions, log-probs [S, B], values [S, B]) with each seed's noise [S, B, P], as BatchedActorCritic.act."""
-        h = self._trunks(obs.numpy())
+        action, log_prob, value = self.act_arrays(obs.numpy(), noise.numpy())
+        return torch.from_numpy(action), torch.from_numpy(log_prob), torch.from_numpy(value)
+
+    def act_arrays(self, obs: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """act in numpy."""
+        h = self._trunks(obs)
         w, b = self.policy_head
         out = np.matmul(h[:, 0], w) + b  # [S, B, P]
-        e = noise.numpy()
         if self.log_std is None:  # categorical, sampled with the Gumbel-max trick as categorical_sample
             out -= out.max(-1, keepdims=True)
             log_p = out - np.log(np.exp(out).sum(-1, keepdims=True))
@@ -66,4 +70,4 @@ class BatchedNumpyPolicy:
         else:  # as gaussian_sample: mean + std * N(0, 1)
             action = out + np.exp(self.log_std) * e
             log_prob = (-0.5 * np.square(e) - self.log_std).sum(-1) - 0.5 * LOG_2PI * out.shape[-1]
-        return torch.from_numpy(action), torch.from_numpy(log_prob), torch.from_numpy(self._value(h))
+        return action, log_prob, self._value(h)

@@ -1,13 +1,14 @@
 """PPO's rollout with numpy acting, kept in numpy: the reference's collect steps (rollout_step.py's step_groups,
-act_step and observe_step, as PPO._act_and_step runs them) with numpy acting's arrays written straight into numpy views
-of the rollout, and a categorical policy's noise for the whole rollout drawn at once (rollout_noise.py, checked by
-CheckedNoise at the first rollout). What it leaves out is the glue around acting for a few envs: a tensor made of each
-step's observations and of its outputs, their rows kept and stacked at the end (StepRows), a noise draw per step.
+act_step and observe_step, as PPO._act_and_step runs them; for a batch of seeds, BatchedPPO.act_and_step's loop) with
+numpy acting's arrays written straight into numpy views of the rollout, and one run's categorical noise for the whole
+rollout drawn at once (rollout_noise.py, checked by CheckedNoise at the first rollout; a batch draws its noise so
+already). What it leaves out is the glue around acting: a tensor made of each step's observations and of its
+outputs, their rows kept and stacked at the end (StepRows), one run's noise draw per step.
 
 It collects once numpy acting has passed its own check (the first rollout is the reference's, where numpy acting is
-checked on its first step), and only where the reference would run the same code: envs stepped in this process
-(SyncEnvs), float32 observations without normalization (whose statistics are torch's), and no straggler preemption (a
-rollout cut short would have drawn noise for steps it did not take)."""
+checked on its first step), and only where the reference would run the same code: float32 observations without
+normalization (whose statistics are torch's); for one run, envs stepped in this process (SyncEnvs) and no straggler
+preemption (a rollout cut short would have drawn noise for steps it did not take)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,15 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from rlrun.algos.batched_ppo import draw_rollout_noise
+from rlrun.algos.batched_ppo import BatchedCollectSteps, BatchedPPO, Stepping, draw_rollout_noise
 from rlrun.algos.ppo import PPO, CollectSteps
 from rlrun.algos.protocol import VectorEnv
-from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, step_groups
-from rlrun.envs.protocol import Episodes
+from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, observe_step, step_groups
+from rlrun.envs.protocol import EndedEpisodes, Episodes
+from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
 from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.rollout_noise import draw_noise_at_once
-from rlrun.fast.selfcheck import CheckedNoise, CheckedPolicy
+from rlrun.fast.selfcheck import CheckedBatchedPolicy, CheckedNoise, CheckedPolicy
 
 log = logging.getLogger("rlrun")
 
@@ -69,3 +71,35 @@ class NumpyRollout:
         """The rollout's Exp(1) noise [T, N, A] from torch's generator, as numpy acting would draw it step by step."""
         shape = (self.algo.cfg.num_steps, num_envs, self.numpy.policy_head[0].shape[1])
         return self.draw_noise([torch.default_generator], "categorical", shape, torch.device("cpu"))[:, 0].numpy()
+
+
+class BatchedNumpyRollout:
+    """The same for a batch of seeds: BatchedPPO's collect_steps part (BatchedCollectSteps), acting with `policy`
+    (batched numpy acting, checked) on the rollout's noise as given; `reference` (BatchedPPO.act_and_step) collects
+    until batched numpy acting has passed its check, and where it steps aside."""
+
+    def __init__(self, batch: BatchedPPO, policy: CheckedBatchedPolicy, reference: BatchedCollectSteps):
+        assert isinstance(policy.fast, BatchedNumpyPolicy)
+        self.batch, self.policy, self.numpy, self.reference = batch, policy, policy.fast, reference
+
+    def __call__(
+        self, joined: Stepping, obs: np.ndarray, noise: torch.Tensor
+    ) -> tuple[np.ndarray, list[EndedEpisodes]]:
+        if not self.policy.checked or self.policy.active is not self.numpy:
+            return self.reference(joined, obs, noise)
+        b, policy, e = self.batch, self.numpy, noise.numpy()
+        rows, everyone = b.step_rows(), slice(0, b.S * b.N)
+        out = SimpleNamespace(
+            **{k: getattr(rows, k).numpy() for k in (*ACTED, "next_values")}, **{k: getattr(rows, k) for k in STEPPED}
+        )
+
+        def act(x: np.ndarray, t: int, envs: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            action, log_prob, value = policy.act_arrays(x.reshape(b.S, b.N, *x.shape[1:]), e[t])
+            return action.reshape(-1, *action.shape[2:]), log_prob.reshape(-1), value.reshape(-1)
+
+        ended = []
+        for t in range(b.cfg.num_steps):
+            result = joined.step(act_step(act, obs, t, everyone, out))
+            obs, _ = observe_step(b.value_of, result, t, everyone, out)
+            ended.append(result.episodes)
+        return obs, ended

@@ -404,6 +404,34 @@ def test_guarded_seeds_stepped_as_one_fail_alone_as_stepped_seed_by_seed():
             np.testing.assert_array_equal(a, b)
 
 
+def batch_rollouts(env: EnvConfig, in_numpy: bool, rollouts: int = 4) -> tuple[list, list[str]]:
+    """Each rollout of a batch of 3 seeds on the fast path: its rows, each seed's episodes and next observations;
+    `in_numpy` False swaps back the reference's collect steps (BatchedPPO.act_and_step) around numpy acting."""
+    b = ppo_batch(replace(PPO_SMALL, num_steps=48), env, [0, 1, 2], fast=True)
+    if not in_numpy:
+        b.batch.parts.collect_steps = b.batch.parts.collect_steps.reference
+    out = []
+    for _ in range(rollouts):
+        episodes = b.batch.collect(b.envs)
+        out.append(([v.clone() for v in b.batch.rollout.values()], episodes, [a.next_obs.copy() for a in b.algos]))
+    b.close()
+    return out, b.applied
+
+
+@pytest.mark.parametrize("env", [replace(CARTPOLE, max_episode_steps=40), EnvConfig(id="Pendulum-v1", num_envs=2, max_episode_steps=40)])
+def test_a_batchs_rollout_kept_in_numpy_is_the_reference_collects(env):
+    ours, applied = batch_rollouts(env, in_numpy=True)
+    reference, _ = batch_rollouts(env, in_numpy=False)
+    assert "rollout kept in numpy" in applied
+    for (rows, episodes, obs), (ref_rows, ref_episodes, ref_obs) in zip(ours, reference, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(rows, ref_rows, strict=True))
+        for e, ref in zip(episodes, ref_episodes, strict=True):
+            assert e["episode_returns"].tolist() == ref["episode_returns"].tolist()
+            assert e["episode_lengths"].tolist() == ref["episode_lengths"].tolist()
+        assert all(np.array_equal(x, y) for x, y in zip(obs, ref_obs, strict=True))
+    assert sum(len(e["episode_lengths"]) for _, episodes, _ in ours for e in episodes) > 6
+
+
 def test_a_rollouts_noise_drawn_at_once_is_the_step_by_step_draws_and_leaves_the_streams_alike():
     generators = [torch.Generator().manual_seed(s) for s in range(3)]
     copies = [torch.Generator().manual_seed(s) for s in range(3)]
