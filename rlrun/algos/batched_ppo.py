@@ -37,7 +37,7 @@ from rlrun.algos.parts import MakeOptimizer
 from rlrun.algos.ppo import PPO, STATS
 from rlrun.algos.protocol import episodes_of
 from rlrun.algos.returns import explained_variance
-from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, act_step, observe_step
+from rlrun.algos.rollout_step import ACTED, STEPPED, StepRows, ValueOf, act_step, observe_step
 from rlrun.algos.stacked import (
     Layout,
     SeedOptimizer,
@@ -410,13 +410,12 @@ class BatchedPPO:
         rows, everyone = self.step_rows(), slice(0, self.S * self.N)
         acted = {name: StepRows(getattr(rows, name)) for name in ACTED}
         out = SimpleNamespace(**acted, next_values=rows.next_values, **{k: getattr(rows, k) for k in STEPPED})
-        ended = []
-        for t in range(self.cfg.num_steps):
-            act = functools.partial(self._act, noise[t])
-            actions = act_step(act, self._observations(obs, update_stats=True), t, everyone, out)
-            result = joined.step(actions.cpu().numpy())
-            obs, _ = observe_step(self.value_of, result, t, everyone, out)
-            ended.append(result.episodes)
+
+        def act(obs: np.ndarray, t: int) -> np.ndarray:
+            x = self._observations(obs, update_stats=True)
+            return act_step(functools.partial(self._act, noise[t]), x, t, everyone, out).cpu().numpy()
+
+        obs, ended = step_batch(joined, obs, self.cfg.num_steps, act, self.value_of, out)
         for stored in acted.values():
             stored.flush()
         return obs, ended
@@ -540,6 +539,25 @@ class BatchedPPO:
             active &= ~broken
         self.parts.step_seeds(active)
         return stats
+
+
+def step_batch(
+    joined: Stepping,
+    obs: np.ndarray,
+    steps: int,
+    act: Callable[[np.ndarray, int], np.ndarray],
+    value_of: ValueOf,
+    out: Any,
+) -> tuple[np.ndarray, list[EndedEpisodes]]:
+    """`steps` rollout steps of the S x N envs of `joined` from their observations `obs` [S * N, ...]: act(obs, t)
+    stores step t's outputs in `out` and returns the actions (by act_step); observe_step stores what the envs return.
+    Returns the observations after the last step and each step's ended episodes."""
+    everyone, ended = slice(0, len(obs)), []
+    for t in range(steps):
+        result = joined.step(act(obs, t))
+        obs, _ = observe_step(value_of, result, t, everyone, out)
+        ended.append(result.episodes)
+    return obs, ended
 
 
 def seeds_episodes(ended: list[EndedEpisodes], S: int) -> list[Episodes]:

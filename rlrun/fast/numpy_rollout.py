@@ -19,10 +19,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from rlrun.algos.batched_ppo import BatchedCollectSteps, BatchedPPO, Stepping, draw_rollout_noise
+from rlrun.algos.batched_ppo import BatchedCollectSteps, BatchedPPO, Stepping, draw_rollout_noise, step_batch
 from rlrun.algos.ppo import PPO, CollectSteps
 from rlrun.algos.protocol import VectorEnv
-from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, observe_step, step_groups
+from rlrun.algos.rollout_step import ACTED, STEPPED, act_step, step_groups
 from rlrun.envs.protocol import EndedEpisodes, Episodes
 from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
 from rlrun.fast.numpy_policy import NumpyPolicy
@@ -97,9 +97,6 @@ class BatchedNumpyRollout:
             action, log_prob, value = policy.act_arrays(x.reshape(b.S, b.N, *x.shape[1:]), e[t])
             return action.reshape(-1, *action.shape[2:]), log_prob.reshape(-1), value.reshape(-1)
 
-        ended = []
-        for t in range(b.cfg.num_steps):
-            result = joined.step(act_step(act, obs, t, everyone, out))
-            obs, _ = observe_step(b.value_of, result, t, everyone, out)
-            ended.append(result.episodes)
-        return obs, ended
+        return step_batch(
+            joined, obs, b.cfg.num_steps, lambda x, t: act_step(act, x, t, everyone, out), b.value_of, out
+        )

@@ -418,7 +418,13 @@ def batch_rollouts(env: EnvConfig, in_numpy: bool, rollouts: int = 4) -> tuple[l
     return out, b.applied
 
 
-@pytest.mark.parametrize("env", [replace(CARTPOLE, max_episode_steps=40), EnvConfig(id="Pendulum-v1", num_envs=2, max_episode_steps=40)])
+SHORT_EPISODES = [
+    replace(CARTPOLE, max_episode_steps=40),
+    EnvConfig(id="Pendulum-v1", num_envs=2, max_episode_steps=40),
+]
+
+
+@pytest.mark.parametrize("env", SHORT_EPISODES)
 def test_a_batchs_rollout_kept_in_numpy_is_the_reference_collects(env):
     ours, applied = batch_rollouts(env, in_numpy=True)
     reference, _ = batch_rollouts(env, in_numpy=False)
