@@ -193,7 +193,7 @@ DrawNoise = Callable[[Sequence[torch.Generator], str, tuple[int, int, int], torc
 
 
 # (the joined envs, their observations [S * N, ...], the rollout's noise [T, S, N, P]) -> (the observations after the
-# rollout, each step's ended episodes): a rollout's steps, written into the batch's rows (BatchedPPO._rows)
+# rollout, each step's ended episodes): a rollout's steps, written into the batch's rows (BatchedPPO.step_rows)
 BatchedCollectSteps = Callable[["Stepping", np.ndarray, Tensor], tuple[np.ndarray, list[EndedEpisodes]]]
 
 
