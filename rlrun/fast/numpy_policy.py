@@ -28,6 +28,7 @@ class NumpyPolicy:
         self.policy_head = (head[0].T, head[1])
         self.value_head = (head[2].T, head[3])
         self.log_std = None if model.discrete else head[4]
+        self.outputs = head[0].shape[0]  # logits (categorical) or action dimensions (Gaussian)
         self.relu = model.trunk.relu
 
     def _activate(self, h: np.ndarray) -> np.ndarray:
@@ -57,7 +58,7 @@ class NumpyPolicy:
     def draw(self, n: int) -> np.ndarray:
         """The noise ActorCritic.act draws for n observations, from torch's generator: Exp(1) per logit
         (categorical_sample), or N(0, 1) per action dimension (gaussian_sample)."""
-        shape = (n, self.policy_head[0].shape[1])
+        shape = (n, self.outputs)
         return (torch.empty(shape).exponential_() if self.log_std is None else torch.randn(shape)).numpy()
 
     def act_arrays(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
 """PPO's rollout with numpy acting, kept in numpy: the reference's collect steps (rollout_step.py's step_groups,
-act_step and observe_step, as PPO._act_and_step runs them; for a batch of seeds, BatchedPPO.act_and_step's loop) with
+act_step and observe_step, as PPO._act_and_step runs them; for a batch of seeds, batched_ppo.py's step_batch) with
 numpy acting's arrays written straight into numpy views of the rollout, and one run's categorical noise for the whole
 rollout drawn at once (rollout_noise.py, checked by CheckedNoise at the first rollout; a batch draws its noise so
 already). What it leaves out is the glue around acting: a tensor made of each step's observations and of its
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,20 +48,17 @@ class NumpyRollout:
     ) -> tuple[np.ndarray, list[Episodes], int]:
         if cut is not None or not self.policy.checked or self.policy.active is not self.numpy:
             return self.reference(envs, obs, cut)
-        r, T, policy = self.algo.rollout, self.algo.cfg.num_steps, self.numpy
-        out = SimpleNamespace(
-            **{k: getattr(r, k).numpy() for k in (*ACTED, "next_values")}, **{k: getattr(r, k) for k in STEPPED}
-        )
+        T, policy, out = self.algo.cfg.num_steps, self.numpy, numpy_rows(self.algo.rollout)
         noise = self._noise(len(obs)) if self.noise_at_once else None
 
         def act(x: np.ndarray, t: int, envs: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             return policy.act_arrays(x, policy.draw(len(x)) if noise is None else noise[t])
 
-        drawn = torch.default_generator.get_state()
+        drawn = None if noise is None else torch.default_generator.get_state()
         collected = step_groups(
             envs, obs, T, lambda x, t, g: act_step(act, x, t, g, out), lambda x, _: policy.values(x), out
         )
-        if noise is not None and not torch.equal(drawn, torch.default_generator.get_state()):
+        if drawn is not None and not torch.equal(drawn, torch.default_generator.get_state()):
             # Something else drew from torch's generator while the envs stepped (an env of the user's): drawn step by
             # step, acting's draws and its come in the reference's order. This rollout's came first.
             log.warning("torch's generator was drawn from during a rollout: acting draws its noise step by step now")
@@ -69,7 +67,7 @@ class NumpyRollout:
 
     def _noise(self, num_envs: int) -> np.ndarray:
         """The rollout's Exp(1) noise [T, N, A] from torch's generator, as numpy acting would draw it step by step."""
-        shape = (self.algo.cfg.num_steps, num_envs, self.numpy.policy_head[0].shape[1])
+        shape = (self.algo.cfg.num_steps, num_envs, self.numpy.outputs)
         return self.draw_noise([torch.default_generator], "categorical", shape, torch.device("cpu"))[:, 0].numpy()
 
 
@@ -88,10 +86,7 @@ class BatchedNumpyRollout:
         if not self.policy.checked or self.policy.active is not self.numpy:
             return self.reference(joined, obs, noise)
         b, policy, e = self.batch, self.numpy, noise.numpy()
-        rows, everyone = b.step_rows(), slice(0, b.S * b.N)
-        out = SimpleNamespace(
-            **{k: getattr(rows, k).numpy() for k in (*ACTED, "next_values")}, **{k: getattr(rows, k) for k in STEPPED}
-        )
+        out, everyone = numpy_rows(b.step_rows()), slice(0, b.S * b.N)
 
         def act(x: np.ndarray, t: int, envs: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             action, log_prob, value = policy.act_arrays(x.reshape(b.S, b.N, *x.shape[1:]), e[t])
@@ -100,3 +95,10 @@ class BatchedNumpyRollout:
         return step_batch(
             joined, obs, b.cfg.num_steps, lambda x, t: act_step(act, x, t, everyone, out), b.value_of, out
         )
+
+
+def numpy_rows(rows: Any) -> SimpleNamespace:
+    """rollout_step's `out` for a rollout's CPU tensors under Rollout's names (a Rollout, or a batch's step_rows):
+    numpy views of what acting stores and of next_values, and the numpy views of what the envs return."""
+    acted = {k: getattr(rows, k).numpy() for k in (*ACTED, "next_values")}
+    return SimpleNamespace(**acted, **{k: getattr(rows, k) for k in STEPPED})
