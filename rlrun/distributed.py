@@ -41,6 +41,11 @@ _PEER_LOSS = (
 )
 
 
+def in_process_group() -> bool:
+    """Whether this process is one of several ranks: RankContext.init forms a process group for several only."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def is_peer_loss(error: BaseException | str) -> bool:
     """Whether `error` (an exception, or a rank's recorded error message) is a collective failing because a
     peer rank is gone."""

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from rlrun.algos.configs import PPOConfig
 from rlrun.algos.finite import require_finite
-from rlrun.algos.normalize import RunningMoments, float_entries, normalize_advantages, weighted_mean_all
+from rlrun.algos.normalize import MeanAll, RunningMoments, float_entries, normalize_advantages, weighted_mean_all
 from rlrun.algos.parts import Acting, ClipGradNorm, MakeOptimizer, Optimizer, adam
 from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap, episodes_of
 from rlrun.algos.returns import compute_gae, explained_variance
@@ -101,6 +101,9 @@ class PPOLearner(nn.Module):
 
 # (envs, obs, cut) -> (observations after the rollout, episodes that ended, steps taken); cut as step_groups takes it
 CollectSteps = Callable[[VectorEnv, np.ndarray, Callable[[int], bool] | None], tuple[np.ndarray, list[Episodes], int]]
+# (minibatch, mean_all, weight) -> the minibatch's stats [len(STATS)], after one optimizer step on its loss; mean_all
+# averages over the ranks' minibatches, `weight` is the minibatch's among the ranks' (None when all are equal)
+MinibatchStep = Callable[[dict[str, Tensor], MeanAll, float | None], Tensor]
 
 
 @dataclass
@@ -113,6 +116,7 @@ class PPOParts:
     clip_grad_norm_: ClipGradNorm
     policy: Acting  # what acts while collecting (feedforward models; a recurrent one acts itself)
     collect_steps: CollectSteps  # the steps of a rollout, into PPO.rollout
+    minibatch_step: MinibatchStep  # one gradient step of update's
 
 
 class PPO:
@@ -137,6 +141,7 @@ class PPO:
             clip_grad_norm_=nn.utils.clip_grad_norm_,
             policy=self.model,
             collect_steps=self._act_and_step,
+            minibatch_step=self.minibatch_step,
         )
         # integer actions: an index (Discrete), or one per component (MultiDiscrete, MultiBinary)
         discrete = isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
@@ -303,36 +308,42 @@ class PPO:
             "returns": returns,
             "old_values": r.values[:n],
         }
-        mean_all, weights = self.mean_all, self._sample_weights()
+        weights = self._sample_weights()
         totals = torch.zeros(len(STATS), device=self.device)
         count = 0
         for _epoch in range(c.update_epochs):
             for j, minibatch in enumerate(self._minibatches(batch)):
-                if weights is not None:  # ranks of unequal rollouts: every sample of every rank weighs alike
-                    mean_all = weighted_mean_all(self.mean_all, weights[j])
-                if c.norm_adv:  # per minibatch, over all ranks' minibatches
-                    minibatch["advantages"] = normalize_advantages(minibatch["advantages"], mean_all)
-                loss, stats = self.parts.learner(**minibatch)
-                if weights is not None:  # DDP averages the ranks' gradients: this makes it the global mean's
-                    loss, stats = loss * weights[j], stats * weights[j]
-                self.optimizer.zero_grad()
-                loss.backward()
-                require_finite(self.parts.clip_grad_norm_(self.trained, c.max_grad_norm), "the PPO gradient norm")
-                self.optimizer.step()
+                weight = None if weights is None else weights[j]
+                # ranks of unequal rollouts: every sample of every rank weighs alike
+                mean_all = self.mean_all if weight is None else weighted_mean_all(self.mean_all, weight)
+                stats = self.parts.minibatch_step(minibatch, mean_all, weight)
                 totals += stats
                 count += 1
             # Every rank takes this decision on the same all-reduced KL, so all stop together.
             if c.target_kl is not None and self.mean_all(stats[STATS.index("approx_kl")]) > c.target_kl:
                 break
         out = dict(zip(STATS, (totals / count).tolist()))
-        if weights is not None:  # over all ranks' samples
-            mean_all = weighted_mean_all(self.mean_all, weights[-1])
+        mean_all = self.mean_all if weights is None else weighted_mean_all(self.mean_all, weights[-1])  # all samples
         out.update(
             learning_rate=lr,
             explained_variance=explained_variance(r.values[:n].flatten(), returns.flatten(), mean_all),
             epochs=float(_epoch + 1),
         )
         return out
+
+    def minibatch_step(self, minibatch: dict[str, Tensor], mean_all: MeanAll, weight: float | None) -> Tensor:
+        """One gradient step on a minibatch (its advantages normalized first, with norm_adv); its stats."""
+        c = self.cfg
+        if c.norm_adv:  # per minibatch, over all ranks' minibatches
+            minibatch["advantages"] = normalize_advantages(minibatch["advantages"], mean_all)
+        loss, stats = self.parts.learner(**minibatch)
+        if weight is not None:  # DDP averages the ranks' gradients: this makes it the global mean's
+            loss, stats = loss * weight, stats * weight
+        self.optimizer.zero_grad()
+        loss.backward()
+        require_finite(self.parts.clip_grad_norm_(self.trained, c.max_grad_norm), "the PPO gradient norm")
+        self.optimizer.step()
+        return stats
 
     def _sample_weights(self) -> list[float] | None:
         """With preemption, each minibatch's weight on this rank: its size over the mean size of that minibatch

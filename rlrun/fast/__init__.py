@@ -5,8 +5,8 @@ models/ never import this. With algo.fast=false none applies and the run is the 
 
 Two kinds. Layout-only ones run the reference code, placed or laid out differently: flat Adam (torch's Adam kernel on
 one buffer), channels-last frames, acting in env workers with copies of the real model. Math-rewriting ones compute
-the reference's math with other code: the fused PPO loss and the fused A2C unroll (hand-written gradients), numpy
-acting (a numpy forward). Those check themselves against the reference at their first use in every process and step
+the reference's math with other code: the fused PPO loss and the fused A2C unroll (hand-written gradients), PPO's
+minibatch step in numpy (that gradient without autograd), numpy acting (a numpy forward). Those check themselves against the reference at their first use in every process and step
 aside with one line when they differ (selfcheck.py), so an edit to algos/ or models/ is what trains."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rlrun.algos.parts import OptimizerParts
 from rlrun.algos.ppo import PPO, PPOLearner, PPOParts
 from rlrun.algos.protocol import Algorithm, VectorEnv
 from rlrun.config import TrainConfig
+from rlrun.distributed import in_process_group
 from rlrun.envs import atari_config, make_env
 from rlrun.envs.backends import native_kind
 from rlrun.envs.pool import WorkerPool
@@ -32,13 +33,14 @@ from rlrun.envs.sync import SyncEnvs
 from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
 from rlrun.fast.cartpole_arrays import CartPoleArrays, coverable
 from rlrun.fast.channels_last import ChannelsLast
-from rlrun.fast.flat_adam import FlatAdams
+from rlrun.fast.flat_adam import FlatAdam, FlatAdams
 from rlrun.fast.fused_a2c import FusedA2CUnroll
 from rlrun.fast.fused_batched_ppo import FusedBatchedPPOLearner, fusable_batch
 from rlrun.fast.fused_dqn import FusedDQNLearner, FusedQTargets, fusable_q
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.joined_sync import all_cartpoles, all_in_process, join_cartpoles, join_envs
 from rlrun.fast.numpy_policy import NumpyPolicy
+from rlrun.fast.numpy_ppo_step import NumpyPPOStep
 from rlrun.fast.numpy_q import NumpyEpsilonGreedy
 from rlrun.fast.numpy_rollout import BatchedNumpyRollout, NumpyRollout
 from rlrun.fast.rollout_noise import draw_noise_at_once
@@ -50,6 +52,7 @@ from rlrun.fast.selfcheck import (
     CheckedNoise,
     CheckedPolicy,
     CheckedQTargets,
+    CheckedStep,
 )
 from rlrun.fast.stacked_adam import SeedsAdamStep
 from rlrun.fast.worker_acting import RayActing, WorkerActing
@@ -135,8 +138,16 @@ def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
     # Parameters and gradients in one flat buffer each, so zeroing, clipping and the Adam step are a few calls for
     # the whole model, not a few per parameter tensor.
     _flat_adam(parts, algo.cfg.lr, algo.cfg.adam_eps)
-    algo.optimizer  # noqa: B018 (built now, not on first use: numpy acting takes views of its buffer)
+    optimizer = algo.optimizer  # built now, not on first use: numpy acting and the numpy step take views of its buffers
     applied.append("flat Adam")
+    if cpu and isinstance(parts.learner, CheckedLearner) and not in_process_group() and isinstance(optimizer, FlatAdam):
+        # The minibatch step around the fused loss in numpy, its gradient written into flat Adam's buffer: autograd's
+        # engine and the torch calls around the loss were a third of a small network's step. One process only: DDP
+        # averages the ranks' gradients in the learner's backward, which this step does not run. Checked against
+        # PPO.minibatch_step on the first minibatch.
+        step = NumpyPPOStep(parts.learner, optimizer, parts.minibatch_step)
+        parts.minibatch_step = CheckedStep(step, parts.minibatch_step, optimizer)
+        applied.append("minibatch step in numpy")
     if cpu and fused is not None:
         # Acting for a vector step in numpy on views of the live weights: a numpy call costs a fraction of a torch
         # operator at these sizes. Checked against the model's act on the first step.

@@ -21,6 +21,7 @@ from rlrun.algos.ppo import PPO, PPOConfig
 from rlrun.algos.protocol import EnvSpec, Reductions, episodes_of
 from rlrun.config import ModelConfig
 from rlrun.distributed import RankContext
+from rlrun.fast import accelerate
 from rlrun.training.run_log import RunLog
 from tests.conftest import TWO_RANKS, cli_env, free_port, on_gloo_ranks, read_jsonl, rlrun, torchrun_failures, train
 
@@ -30,16 +31,19 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(240)]
 MODELS = {"mlp": ModelConfig(), "lstm": ModelConfig(name="lstm", hidden_sizes=[16], shared=True, core_size=8)}
 
 
-def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor], tuple, dict]:
+def one_update(
+    ctx: RankContext, model: str = "mlp", fast: bool = False
+) -> tuple[list[torch.Tensor], tuple, dict, list[str]]:
     """One PPO update (2 epochs of one minibatch) on this rank's columns of a fixed 8 x 4 rollout; returns the
-    parameters after it, the update shape and the update's metrics as the training loop logs them. A recurrent
-    model's columns are whole env sequences, with their
-    initial states and episode starts."""
+    parameters after it, the update shape, the update's metrics as the training loop logs them and the accelerations
+    that applied (`fast`: those that apply, as training swaps them in). A recurrent model's columns are whole env
+    sequences, with their initial states and episode starts."""
     torch.manual_seed(0)
     per_rank = 4 // ctx.world_size
     cfg = PPOConfig(num_steps=8, num_minibatches=1, update_epochs=2)
     space, actions = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2)
     algo = PPO(cfg, MODELS[model], EnvSpec(space, actions, per_rank), ctx.device, Reductions(ctx.mean_all))
+    applied = accelerate(algo, None) if fast else []
     g = torch.Generator().manual_seed(123)
     full = {
         "obs": torch.randn(8, 4, 4, generator=g),
@@ -61,17 +65,17 @@ def one_update(ctx: RankContext, model: str = "mlp") -> tuple[list[torch.Tensor]
     stats = algo.update(progress=0.0)
     run_log = RunLog(ctx, full_rollout=8)
     run_log.gather(False, episodes_of([], 8 * per_rank), stats)
-    return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape, run_log.update
+    return [p.detach().clone() for p in algo.model.parameters()], algo.update_shape, run_log.update, applied
 
 
-def _one_update_numpy(ctx: RankContext, model: str) -> tuple[list, tuple, dict]:
-    params, shape, metrics = one_update(ctx, model)
-    return [p.numpy() for p in params], shape, metrics
+def _one_update_numpy(ctx: RankContext, model: str, fast: bool = False) -> tuple[list, tuple, dict, list[str]]:
+    params, shape, metrics, applied = one_update(ctx, model, fast)
+    return [p.numpy() for p in params], shape, metrics, applied
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all(model):
-    single, _, metrics = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")), model)
+    single, _, metrics, _ = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")), model)
     results = on_gloo_ranks(partial(_one_update_numpy, model=model), timeout=120)
     assert results[0][1] == results[1][1]  # the same minibatch shape on both ranks: (8 steps x 2 envs, 1, 2)
     for rank in (0, 1):
@@ -83,6 +87,19 @@ def test_two_ranks_with_half_the_batch_each_equal_one_process_with_all(model):
         for key, value in metrics.items():
             assert results[rank][2][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert any((a != b).any() for a, b in zip(single, one_update_initial(model)))  # the update did change them
+
+
+def test_accelerated_ranks_equal_one_accelerated_process():
+    """The minibatch step in numpy runs in one process only: ranks step through the learner, whose backward DDP syncs
+    (were it to run there, each rank would step on its own half's gradient)."""
+    single, _, _, applied = one_update(RankContext(0, 0, 1, 1, torch.device("cpu")), fast=True)
+    assert "minibatch step in numpy" in applied
+    results = on_gloo_ranks(partial(_one_update_numpy, model="mlp", fast=True), timeout=120)
+    for rank in (0, 1):
+        params, _, _, rank_applied = results[rank]
+        assert "fused PPO loss" in rank_applied and "minibatch step in numpy" not in rank_applied
+        for a, b in zip(single, params, strict=True):
+            torch.testing.assert_close(a, torch.from_numpy(b), atol=1e-5, rtol=0)
 
 
 def one_update_initial(model: str) -> list[torch.Tensor]:

@@ -1,6 +1,6 @@
 """The accelerations (rlrun/fast/) against the reference parts they replace, through the same signatures:
-FusedPPOLearner against PPOLearner, FusedA2CUnroll against A2CUnroll, FlatAdam against torch.optim.Adam (and their
-state dicts interchangeable), NumpyPolicy against ActorCritic.act, channels-last rollout frames against indexing; a
+FusedPPOLearner against PPOLearner, the minibatch step in numpy against PPO.minibatch_step, FusedA2CUnroll against
+A2CUnroll, FlatAdam against torch.optim.Adam (and their state dicts interchangeable), NumpyPolicy against ActorCritic.act, channels-last rollout frames against indexing; a
 whole first update with algo.fast on and off; and SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling
 against torch.multinomial."""
 
@@ -196,6 +196,43 @@ def test_a_rollout_kept_in_numpy_is_the_reference_collects(env_id):
     assert sum(len(a[8]["episode_lengths"]) for a in ours) > 4  # episodes ended, and were counted
 
 
+def updated(env_id: str, cfg: PPOConfig, activation: str, in_numpy: bool) -> tuple[list, list]:
+    """The parameters and each update's stats after 3 collects and updates from seed 1 with every acceleration, the
+    minibatch step in numpy without its self-check; `in_numpy` False: with PPO.minibatch_step instead (the fused loss
+    through autograd)."""
+    envs = SyncEnvs([make_env(EnvConfig(id=env_id), train=True) for _ in range(4)])
+    spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 4)
+    torch.manual_seed(1)
+    algo = PPO(cfg, ModelConfig(activation=activation), spec, torch.device("cpu"))
+    assert "minibatch step in numpy" in accelerate(algo, envs)
+    checked = algo.parts.minibatch_step
+    algo.parts.minibatch_step = checked.fast if in_numpy else checked.reference
+    algo.start(envs.reset(seed=env_seeds(1, 0, 4))[0])
+    stats = []
+    for i in range(3):
+        algo.collect(envs)
+        stats.append(algo.update(progress=i / 3))
+    envs.close()
+    return [p.detach().clone() for p in algo.model.parameters()], stats
+
+
+@pytest.mark.parametrize(
+    "env_id, activation, settings",
+    [
+        ("CartPole-v1", "tanh", {}),  # normalized advantages, clipped values, a norm clipped at times
+        ("CartPole-v1", "relu", {"norm_adv": False, "max_grad_norm": 100.0}),  # nothing clipped
+        ("Pendulum-v1", "relu", {"clip_vloss": False, "max_grad_norm": 0.05}),  # every norm clipped; log-std's
+    ],
+)
+def test_a_minibatch_step_in_numpy_steps_as_the_reference_step(env_id, activation, settings):
+    cfg = PPOConfig(num_steps=64, num_minibatches=4, update_epochs=3, fast=True, **settings)
+    ours, our_stats = updated(env_id, cfg, activation, in_numpy=True)
+    reference, stats = updated(env_id, cfg, activation, in_numpy=False)
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert our_stats == [pytest.approx(s, rel=1e-4, abs=1e-6) for s in stats]
+
+
 class DrawsFromTorch(gym.Wrapper):
     """An env of a user's that draws from torch's generator as it steps."""
 
@@ -293,11 +330,15 @@ def first_update(fast: bool) -> tuple[list[torch.Tensor], list[str]]:
 def test_first_update_with_and_without_accelerations_agree():
     fast, applied = first_update(True)
     ref, none = first_update(False)
-    assert (
-        applied
-        == ["fused PPO loss", "flat Adam", "numpy acting", "rollout kept in numpy", "CartPole stepped as arrays"]
-        and none == []
-    )
+    assert applied == [
+        "fused PPO loss",
+        "flat Adam",
+        "minibatch step in numpy",
+        "numpy acting",
+        "rollout kept in numpy",
+        "CartPole stepped as arrays",
+    ]
+    assert none == []
     for a, b in zip(fast, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 

@@ -1,5 +1,5 @@
-"""The accelerations that re-write the math (fused PPO and DQN losses, DQN's fused targets, fused A2C unroll, numpy
-acting) check themselves against
+"""The accelerations that re-write the math (fused PPO and DQN losses, DQN's fused targets, fused A2C unroll, PPO's
+minibatch step in numpy, numpy acting) check themselves against
 the reference at their first use (rlrun/fast/selfcheck.py): a researcher's edit to algos/ or models/, simulated here
 by replacing the reference function or class in-process as an edit of the file would, makes the run say which one
 stepped aside and train what the reference path (algo.fast=false) trains; an unedited run says nothing and equals,
@@ -55,8 +55,9 @@ def train(cfg, fast: bool, iterations: int = 3, unchecked: bool = False) -> tupl
             if isinstance(parts, dqn_module.DQNParts):  # DQN's checked parts hold the unchecked ones
                 parts.learner, parts.targets = parts.learner.fast, parts.targets.fast
                 parts.epsilon_greedy = parts.epsilon_greedy.fast
-            elif hasattr(parts.learner, "fast"):  # PPO's checked learner and policy hold the unchecked parts
+            elif hasattr(parts.learner, "fast"):  # PPO's checked learner, policy and step hold the unchecked parts
                 parts.learner, parts.policy = parts.learner.fast, parts.policy.fast
+                parts.minibatch_step = parts.minibatch_step.fast
             else:
                 parts.learner.checked = True  # A2C's fused unroll: as if checked
         algo.start(envs.reset(seed=env_seeds(1, 0, 4))[0])
@@ -106,6 +107,32 @@ def test_an_edited_ppo_clipping_shows_although_every_first_ratio_is_one(monkeypa
         ppo_module, "clipped_surrogate_loss", lambda log_ratio, adv, clip: reference(log_ratio, adv, 0.1)
     )
     assert_trains_the_reference(PPO_SMALL, caplog, {"fused PPO loss"})
+
+
+def unscaled_advantages(adv, mean_all):
+    """normalize_advantages as a researcher might edit it: centred only."""
+    return adv - mean_all(adv.mean())
+
+
+def test_an_edited_advantage_normalization_is_what_trains(monkeypatch, caplog):
+    monkeypatch.setattr(ppo_module, "normalize_advantages", unscaled_advantages)
+    assert_trains_the_reference(PPO_SMALL, caplog, {"minibatch step in numpy"})
+
+
+def test_an_edited_gradient_clipping_is_what_trains(monkeypatch, caplog):
+    """PPO.minibatch_step edited to clip the gradient's norm at a tenth of max_grad_norm."""
+    step = ppo_module.PPO.minibatch_step
+
+    def tighter_clipping(self, minibatch, mean_all, weight):
+        clip = self.parts.clip_grad_norm_
+        self.parts.clip_grad_norm_ = lambda params, max_norm: clip(params, max_norm / 10)
+        try:
+            return step(self, minibatch, mean_all, weight)
+        finally:
+            self.parts.clip_grad_norm_ = clip
+
+    monkeypatch.setattr(ppo_module.PPO, "minibatch_step", tighter_clipping)
+    assert_trains_the_reference(PPO_SMALL, caplog, {"minibatch step in numpy"})
 
 
 class NormedTwinMLP(TwinMLP):
