@@ -45,7 +45,7 @@ class EndedEpisodes(NamedTuple):
 
     def finished(self) -> Episodes:
         """(returns [k], lengths [k]) of the k episodes that ended, in env order."""
-        if not self.ended.any():
+        if not np.count_nonzero(self.ended):  # a C call: ndarray.any() passes through Python, about 2 us a step
             return _NO_EPISODES
         return self.returns[self.ended], self.lengths[self.ended]
 

@@ -6,8 +6,9 @@ models/ never import this. With algo.fast=false none applies and the run is the 
 Two kinds. Layout-only ones run the reference code, placed or laid out differently: flat Adam (torch's Adam kernel on
 one buffer), channels-last frames, acting in env workers with copies of the real model. Math-rewriting ones compute
 the reference's math with other code: the fused PPO loss and the fused A2C unroll (hand-written gradients), PPO's
-minibatch step in numpy (that gradient without autograd), numpy acting (a numpy forward). Those check themselves against the reference at their first use in every process and step
-aside with one line when they differ (selfcheck.py), so an edit to algos/ or models/ is what trains."""
+minibatch step in numpy (that gradient without autograd), numpy acting (a numpy forward). Those check themselves
+against the reference at their first use in every process and step aside with one line when they differ
+(selfcheck.py), so an edit to algos/ or models/ is what trains."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The accelerations (rlrun/fast/) against the reference parts they replace, through the same signatures:
 FusedPPOLearner against PPOLearner, the minibatch step in numpy against PPO.minibatch_step, FusedA2CUnroll against
-A2CUnroll, FlatAdam against torch.optim.Adam (and their state dicts interchangeable), NumpyPolicy against ActorCritic.act, channels-last rollout frames against indexing; a
-whole first update with algo.fast on and off; and SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling
-against torch.multinomial."""
+A2CUnroll, FlatAdam against torch.optim.Adam (and their state dicts interchangeable), NumpyPolicy against
+ActorCritic.act, channels-last rollout frames against indexing; a whole first update with algo.fast on and off; and
+SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling against torch.multinomial."""
 
 import logging
 from dataclasses import replace
