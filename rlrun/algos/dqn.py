@@ -76,6 +76,9 @@ class DQNLearner(nn.Module):
 EpsilonGreedy = Callable[[np.ndarray, float], np.ndarray]
 # (next_obs [B, ...], returns [B], discount [B]) -> the n-step targets [B], as q_targets with DQN's networks
 QTargets = Callable[[Tensor, Tensor, Tensor], Tensor]
+# (obs, actions, targets, weights) -> (loss, |TD errors| [B], Q(s, a) [B]) of the learner, after one optimizer step on
+# the loss
+GradientStep = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 
 
 @dataclass
@@ -87,6 +90,7 @@ class DQNParts:
     targets: QTargets
     epsilon_greedy: EpsilonGreedy  # acting, while collecting (decayed epsilon) and for evaluation (0 or end_e)
     make_optimizer: MakeOptimizer  # over DQN.trained, on first use
+    gradient_step: GradientStep  # one optimizer step on the learner's loss (DQN.gradient_step)
     clip_grad_norm_: ClipGradNorm = nn.utils.clip_grad_norm_
 
 
@@ -121,6 +125,7 @@ class DQN(ReplayAlgorithm):
             targets=functools.partial(q_targets, self.model, self.target, double_q=cfg.double_q),
             epsilon_greedy=self._greedy_or_random,
             make_optimizer=adam(cfg.lr, cfg.adam_eps),
+            gradient_step=self.gradient_step,
         )
 
     @functools.cached_property
@@ -167,14 +172,21 @@ class DQN(ReplayAlgorithm):
         c = self.cfg
         with torch.no_grad():
             targets = self.parts.targets(batch["next_obs"], batch["returns"], batch["discount"])
-        loss, td_abs, q = self.parts.learner(batch["obs"], batch["actions"], targets, weights)
-        self.optimizer.zero_grad()
-        loss.backward()
-        require_finite(self.parts.clip_grad_norm_(self.trained, c.max_grad_norm), "the DQN gradient norm")
-        self.optimizer.step()
+        loss, td_abs, q = self.parts.gradient_step(batch["obs"], batch["actions"], targets, weights)
         if self.updates % c.target_update_interval == 0:
             polyak_update(self.target, self.model, c.tau)
         return {"td_loss": loss.detach(), "q_values": q.sum() / c.batch_size}, td_abs
+
+    def gradient_step(
+        self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One optimizer step on the learner's loss of a batch; the learner's (loss, |TD errors|, Q(s, a))."""
+        loss, td_abs, q = self.parts.learner(obs, actions, targets, weights)
+        self.optimizer.zero_grad()
+        loss.backward()
+        require_finite(self.parts.clip_grad_norm_(self.trained, self.cfg.max_grad_norm), "the DQN gradient norm")
+        self.optimizer.step()
+        return loss, td_abs, q
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:

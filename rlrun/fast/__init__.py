@@ -4,10 +4,10 @@ PPOParts, A2CParts), each with the same signature as the part it replaces and a 
 models/ never import this. With algo.fast=false none applies and the run is the reference, end to end.
 
 Two kinds. Layout-only ones run the reference code, placed or laid out differently: flat Adam (torch's Adam kernel on
-one buffer), channels-last frames, acting in env workers with copies of the real model. Math-rewriting ones compute
-the reference's math with other code: the fused PPO loss and the fused A2C unroll (hand-written gradients), PPO's
-minibatch step in numpy (that gradient without autograd), numpy acting (a numpy forward). Those check themselves
-against the reference at their first use in every process and step aside with one line when they differ
+one buffer), channels-last frames, acting in env workers with copies of the real model. Math-rewriting ones compute the
+reference's math with other code: the fused PPO and DQN losses and the fused A2C unroll (hand-written gradients), PPO's
+and DQN's gradient steps in numpy (those gradients without autograd), numpy acting (a numpy forward). Those check
+themselves against the reference at their first use in every process and step aside with one line when they differ
 (selfcheck.py), so an edit to algos/ or models/ is what trains."""
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from rlrun.fast.fused_dqn import FusedDQNLearner, FusedQTargets, fusable_q
 from rlrun.fast.fused_ppo import FusedPPOLearner, fusable
 from rlrun.fast.joined_sync import all_cartpoles, all_in_process, join_cartpoles, join_envs
 from rlrun.fast.numpy_policy import NumpyPolicy
-from rlrun.fast.numpy_ppo_step import NumpyPPOStep
 from rlrun.fast.numpy_q import NumpyEpsilonGreedy
 from rlrun.fast.numpy_rollout import BatchedNumpyRollout, NumpyRollout
+from rlrun.fast.numpy_steps import NumpyDQNStep, NumpyPPOStep
 from rlrun.fast.rollout_noise import draw_noise_at_once
 from rlrun.fast.selfcheck import (
     CheckedBatchedPolicy,
@@ -147,7 +147,8 @@ def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
         # averages the ranks' gradients in the learner's backward, which this step does not run. Checked against
         # PPO.minibatch_step on the first minibatch.
         step = NumpyPPOStep(parts.learner, optimizer, parts.minibatch_step)
-        parts.minibatch_step = CheckedStep(step, parts.minibatch_step, optimizer)
+        names = ("minibatch step in numpy", "algos/ppo.py (PPO.minibatch_step)")
+        parts.minibatch_step = CheckedStep(step, parts.minibatch_step, optimizer, names)
         applied.append("minibatch step in numpy")
     if cpu and fused is not None:
         # Acting for a vector step in numpy on views of the live weights: a numpy call costs a fraction of a torch
@@ -186,7 +187,16 @@ def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
     # env, a torch forward per env step was a third of the run. Checked against DQN's acting on the first step.
     q_values = lambda obs: model(torch.as_tensor(obs, dtype=algo.obs_dtype))  # noqa: E731
     parts.epsilon_greedy = CheckedEpsilonGreedy(NumpyEpsilonGreedy(model), parts.epsilon_greedy, q_values)
-    return applied + ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
+    applied += ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
+    optimizer = algo.optimizer
+    if not in_process_group() and isinstance(optimizer, FlatAdam):
+        # As PPO's minibatch step in numpy (_accelerate_ppo): the loss's gradient without autograd, written into flat
+        # Adam's buffer, clipped, stepped. One process only. Checked against DQN.gradient_step on the first update.
+        step = NumpyDQNStep(parts.learner, optimizer, c.max_grad_norm, parts.gradient_step)
+        names = ("gradient step in numpy", "algos/dqn.py (DQN.gradient_step)")
+        parts.gradient_step = CheckedStep(step, parts.gradient_step, optimizer, names)
+        applied.append("gradient step in numpy")
+    return applied
 
 
 def _accelerate_seeds(batch: BatchedPPO, parts: BatchedPPOParts, envs: Sequence[VectorEnv]) -> list[str]:

@@ -7,7 +7,7 @@ q_targets' (rlrun/algos/dqn.py), which tests/unit/test_fast_paths.py checks; a r
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 import torch
@@ -61,6 +61,53 @@ def _numpy(tensors: list[Tensor]) -> list[np.ndarray]:
     return [t.detach().numpy() for t in tensors]  # views: the optimizer updates the parameters in place
 
 
+class Saved(NamedTuple):
+    """What the gradient needs of the forward pass."""
+
+    rows: np.ndarray
+    taken: np.ndarray  # the actions taken [B]
+    td: np.ndarray  # Q(s, a) - target [B]
+    weights: np.ndarray  # the items' importance weights [B]
+    acts: list[np.ndarray]  # the input and each hidden activation
+    params: list[np.ndarray]
+    num_actions: int
+
+
+def dqn_loss(
+    kind: str, relu: bool, batch_size: int, inputs: list[np.ndarray], params: list[np.ndarray]
+) -> tuple[float, np.ndarray, np.ndarray, Saved]:
+    """(loss, TD errors [B], Q(s, a) [B], what dqn_gradients needs) of DQNLearner's loss (`kind`: mse or huber) on
+    inputs (obs, actions, targets, weights), q_params' arrays."""
+    obs, taken, targets, w = inputs
+    acts, q = q_forward(obs, params, relu)
+    rows = np.arange(len(q))
+    q_taken = q[rows, taken]
+    td = q_taken - targets
+    if kind == "huber":  # F.huber_loss with delta 1
+        per_item = np.where(np.abs(td) < 1.0, 0.5 * np.square(td), np.abs(td) - 0.5)
+    else:
+        per_item = np.square(td)
+    loss = float((w * per_item).sum(dtype=np.float64)) / batch_size
+    return loss, td, q_taken, Saved(rows, taken, td, w, acts, params, q.shape[1])
+
+
+def dqn_gradients(kind: str, relu: bool, batch_size: int, saved: Saved, g_loss: float) -> list[np.ndarray]:
+    """The gradients of q_params, in their order, of g_loss times the loss dqn_loss computed."""
+    rows, taken, td, w, acts, p, num_actions = saved
+    d_item = np.clip(td, -1.0, 1.0) if kind == "huber" else 2.0 * td  # d per_item / d Q(s, a)
+    g = np.zeros((len(td), num_actions), dtype=np.float32)
+    g[rows, taken] = (g_loss / batch_size) * w * d_item
+    grads: list[np.ndarray] = []
+    for layer in range(len(acts) - 1, -1, -1):
+        a_in = acts[layer]
+        grads = [g.T @ a_in, g.sum(0), *grads]
+        if layer == 0:
+            break
+        g = g @ p[2 * layer]
+        g *= (a_in > 0) if relu else (1.0 - np.square(a_in))
+    return grads
+
+
 class FusedDQNLoss(torch.autograd.Function):
     """DQNLearner's loss with a hand-written backward, in numpy (CPU tensors): forward(loss kind, relu, batch_size, obs,
     actions, targets, weights, *q_params) -> (loss, |TD errors| [B], Q(s, a) [B]); only the loss is differentiable."""
@@ -70,37 +117,17 @@ class FusedDQNLoss(torch.autograd.Function):
         ctx: Any, kind: str, relu: bool, batch_size: int, obs: Tensor, actions: Tensor, targets: Tensor,
         weights: Tensor, *params: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-        p = _numpy(list(params))
-        acts, q = q_forward(obs.numpy(), p, relu)
-        rows, taken = np.arange(len(q)), actions.numpy()
-        td = q[rows, taken] - targets.numpy()
-        w = weights.numpy()
-        if kind == "huber":  # F.huber_loss with delta 1
-            per_item = np.where(np.abs(td) < 1.0, 0.5 * np.square(td), np.abs(td) - 0.5)
-        else:
-            per_item = np.square(td)
-        loss = torch.tensor(float((w * per_item).sum(dtype=np.float64)) / batch_size)
-        ctx.arrays = (rows, taken, td, w, acts, p)
-        ctx.kind, ctx.relu, ctx.batch_size, ctx.num_actions = kind, relu, batch_size, q.shape[1]
-        td_abs, q_taken = torch.from_numpy(np.abs(td)), torch.from_numpy(q[rows, taken])
-        ctx.mark_non_differentiable(td_abs, q_taken)
-        return loss, td_abs, q_taken
+        inputs = [t.numpy() for t in (obs, actions, targets, weights)]
+        loss, td, q_taken, ctx.saved = dqn_loss(kind, relu, batch_size, inputs, _numpy(list(params)))
+        ctx.kind, ctx.relu, ctx.batch_size = kind, relu, batch_size
+        td_abs, q = torch.from_numpy(np.abs(td)), torch.from_numpy(q_taken)
+        ctx.mark_non_differentiable(td_abs, q)
+        return torch.tensor(loss), td_abs, q
 
     @staticmethod
     def backward(ctx: Any, g_loss: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:
-        rows, taken, td, w, acts, p = ctx.arrays
-        d_item = np.clip(td, -1.0, 1.0) if ctx.kind == "huber" else 2.0 * td  # d per_item / d Q(s, a)
-        g = np.zeros((len(td), ctx.num_actions), dtype=np.float32)
-        g[rows, taken] = (float(g_loss) / ctx.batch_size) * w * d_item
-        grads: list[Tensor] = []
-        for layer in range(len(acts) - 1, -1, -1):
-            a_in = acts[layer]
-            grads = [torch.from_numpy(g.T @ a_in), torch.from_numpy(g.sum(0)), *grads]
-            if layer == 0:
-                break
-            g = g @ p[2 * layer]
-            g *= (a_in > 0) if ctx.relu else (1.0 - np.square(a_in))
-        return None, None, None, None, None, None, None, *grads
+        grads = dqn_gradients(ctx.kind, ctx.relu, ctx.batch_size, ctx.saved, float(g_loss))
+        return None, None, None, None, None, None, None, *(torch.from_numpy(g) for g in grads)
 
 
 class FusedDQNLearner(nn.Module):

@@ -16,9 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.batched_ppo import BatchedActing, DrawNoise
-from rlrun.algos.normalize import MeanAll
 from rlrun.algos.parts import Acting
-from rlrun.algos.ppo import MinibatchStep
 from rlrun.fast.flat_adam import FlatAdam, flat_views
 
 log = logging.getLogger("rlrun")
@@ -310,35 +308,43 @@ class CheckedNoise:
 
 
 class CheckedStep:
-    """PPO's minibatch step (MinibatchStep: (minibatch, mean_all, weight) -> stats) in numpy, checked against
-    PPO.minibatch_step on the first minibatch it gets: both step from the same parameters and optimizer state, and the
-    gradients each leaves in the optimizer's flat buffer (normalized advantages' and clipped) and the stats must
-    agree. The numpy step's results are kept; if they differ, the reference's, and the reference steps for the rest of
-    the run. (The loss itself is the fused loss's check, on the same first minibatch, inside the reference step.)"""
+    """A gradient step without autograd (numpy_steps.py: PPO's MinibatchStep, DQN's GradientStep), checked against the
+    reference step on the first call: both step from the same parameters and optimizer state, and what each returns
+    and the gradients each leaves in the optimizer's flat buffer (PPO's advantages normalized, clipped) must agree. The
+    fast step's results are kept; if they differ, the reference's, and the reference steps for the rest of the run.
+    (The loss itself is the fused loss's check, on the same first inputs, inside the reference step.)"""
 
-    NAME, REFERENCE = "minibatch step in numpy", "algos/ppo.py (PPO.minibatch_step)"
-
-    def __init__(self, fast: MinibatchStep, reference: MinibatchStep, optimizer: FlatAdam):
+    def __init__(
+        self, fast: Callable[..., Any], reference: Callable[..., Any], optimizer: FlatAdam, names: tuple[str, str]
+    ):
         self.fast, self.reference, self.optimizer = fast, reference, optimizer
+        self.NAME, self.REFERENCE = names
         self.active, self.checked = fast, False
 
-    def __call__(self, minibatch: dict[str, Tensor], mean_all: MeanAll, weight: float | None) -> Tensor:
+    def __call__(self, *args: Any) -> Any:
         if self.checked:
-            return self.active(minibatch, mean_all, weight)
+            return self.active(*args)
         self.checked = True
         opt = self.optimizer
         buffers = (opt.params, opt.grads, opt.exp_avg, opt.exp_avg_sq, opt.steps)
         before = [t.clone() for t in buffers]
-        expected = self.reference(dict(minibatch), mean_all, weight)  # (it normalizes the advantages in its dict)
+        # (PPO's reference step writes the normalized advantages into its minibatch: it gets a copy of the dict)
+        expected = self.reference(*(dict(a) if isinstance(a, dict) else a for a in args))
         after = [t.clone() for t in buffers]
         for t, s in zip(buffers, before, strict=True):
             t.copy_(s)
-        ours = self.fast(minibatch, mean_all, weight)
+        ours = self.fast(*args)
+        outputs = max(difference(a, b) for a, b in zip(_tensors(ours), _tensors(expected), strict=True))
         grads, expected_grads = flat_views(opt.grads, opt.owned), flat_views(after[1], opt.owned)
-        diff = max(difference(ours, expected), gradient_difference(grads, expected_grads))
+        diff = max(outputs, gradient_difference(grads, expected_grads))
         if steps_aside(self.NAME, self.REFERENCE, diff):
             self.active = self.reference
             for t, s in zip(buffers, after, strict=True):
                 t.copy_(s)  # as the reference's step left them
             return expected
         return ours
+
+
+def _tensors(out: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """A step's output (one tensor, or a tuple of them) as a tuple."""
+    return (out,) if isinstance(out, Tensor) else out

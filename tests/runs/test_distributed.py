@@ -17,6 +17,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from rlrun.algos.dqn import DQN, DQNConfig
 from rlrun.algos.ppo import PPO, PPOConfig
 from rlrun.algos.protocol import EnvSpec, Reductions, episodes_of
 from rlrun.config import ModelConfig
@@ -100,6 +101,19 @@ def test_accelerated_ranks_equal_one_accelerated_process():
         assert "fused PPO loss" in rank_applied and "minibatch step in numpy" not in rank_applied
         for a, b in zip(single, params, strict=True):
             torch.testing.assert_close(a, torch.from_numpy(b), atol=1e-5, rtol=0)
+
+
+def _dqn_accelerations(ctx: RankContext) -> list[str]:
+    spec = EnvSpec(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), 2)
+    algo = DQN(DQNConfig(), ModelConfig(hidden_sizes=[32, 32]), spec, ctx.device, Reductions(ctx.mean_all))
+    return accelerate(algo, None)
+
+
+def test_dqn_ranks_step_through_the_learner_ddp_syncs():
+    """DQN's gradient step in numpy, as PPO's, in one process only."""
+    assert "gradient step in numpy" in _dqn_accelerations(RankContext(0, 0, 1, 1, torch.device("cpu")))
+    for applied in on_gloo_ranks(_dqn_accelerations, timeout=120).values():
+        assert "fused DQN loss" in applied and "gradient step in numpy" not in applied
 
 
 def one_update_initial(model: str) -> list[torch.Tensor]:

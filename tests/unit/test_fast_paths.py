@@ -1,8 +1,8 @@
 """The accelerations (rlrun/fast/) against the reference parts they replace, through the same signatures:
-FusedPPOLearner against PPOLearner, the minibatch step in numpy against PPO.minibatch_step, FusedA2CUnroll against
-A2CUnroll, FlatAdam against torch.optim.Adam (and their state dicts interchangeable), NumpyPolicy against
-ActorCritic.act, channels-last rollout frames against indexing; a whole first update with algo.fast on and off; and
-SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling against torch.multinomial."""
+FusedPPOLearner against PPOLearner, the gradient steps in numpy against PPO.minibatch_step and DQN.gradient_step,
+FusedA2CUnroll against A2CUnroll, FlatAdam against torch.optim.Adam (and their state dicts interchangeable), NumpyPolicy
+against ActorCritic.act, channels-last rollout frames against indexing; a whole first update with algo.fast on and off;
+and SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling against torch.multinomial."""
 
 import logging
 from dataclasses import replace
@@ -197,9 +197,9 @@ def test_a_rollout_kept_in_numpy_is_the_reference_collects(env_id):
 
 
 def updated(env_id: str, cfg: PPOConfig, activation: str, in_numpy: bool) -> tuple[list, list]:
-    """The parameters and each update's stats after 3 collects and updates from seed 1 with every acceleration, the
-    minibatch step in numpy without its self-check; `in_numpy` False: with PPO.minibatch_step instead (the fused loss
-    through autograd)."""
+    """The parameters, the last step's gradient (flat Adam's buffer, clipped) and each update's stats after 3 collects
+    and updates from seed 1 with every acceleration, the minibatch step in numpy without its self-check; `in_numpy`
+    False: with PPO.minibatch_step instead (the fused loss through autograd)."""
     envs = SyncEnvs([make_env(EnvConfig(id=env_id), train=True) for _ in range(4)])
     spec = EnvSpec(envs.single_observation_space, envs.single_action_space, 4)
     torch.manual_seed(1)
@@ -213,7 +213,7 @@ def updated(env_id: str, cfg: PPOConfig, activation: str, in_numpy: bool) -> tup
         algo.collect(envs)
         stats.append(algo.update(progress=i / 3))
     envs.close()
-    return [p.detach().clone() for p in algo.model.parameters()], stats
+    return [p.detach().clone() for p in algo.model.parameters()] + [algo.optimizer.grads.clone()], stats
 
 
 @pytest.mark.parametrize(
@@ -491,10 +491,14 @@ def test_numpy_epsilon_greedy_acts_as_dqn_does():
     assert 0 < (expected != ref.parts.epsilon_greedy(obs, 0.0)).sum()  # the draws mattered
 
 
-def dqn_run(fast: bool, **cfg) -> tuple[list[torch.Tensor], list[str], dict]:
+def dqn_run(fast: bool, step: str | None = None, **cfg) -> tuple[list[torch.Tensor], list[str], dict]:
     """Four collects of 8 steps on 4 random-walk observations and the updates after them (3 each from the second
-    on): the parameters, the accelerations and the last update's stats."""
+    on): the parameters, the accelerations and the last update's stats. `step`: "fast" or "reference", the checked
+    gradient step's part that runs instead of it; the parameters are then followed by the last step's gradient (flat
+    Adam's buffer, clipped)."""
     algo, applied = dqn(fast, **cfg)
+    if step is not None:
+        algo.parts.gradient_step = getattr(algo.parts.gradient_step, step)
     rng = np.random.default_rng(1)
     obs = rng.normal(size=(4, 4)).astype(np.float32)
     algo.start(obs)
@@ -507,7 +511,8 @@ def dqn_run(fast: bool, **cfg) -> tuple[list[torch.Tensor], list[str], dict]:
             algo.replay.add(obs, stored, actions - 0.5 * obs[:, 0], done & (rng.random(4) < 0.5), done, next_obs)
             obs = next_obs
         stats = algo.update(i / 4)
-    return [p.detach().clone() for p in algo.model.parameters()], applied, stats
+    params = [p.detach().clone() for p in algo.model.parameters()]
+    return params + ([algo.optimizer.grads.clone()] if step else []), applied, stats
 
 
 OTHER_DQN = {"double_q": False, "loss": "huber", "tau": 0.5, "target_update_interval": 2}
@@ -517,11 +522,23 @@ OTHER_DQN = {"double_q": False, "loss": "huber", "tau": 0.5, "target_update_inte
 def test_dqn_updates_with_and_without_accelerations_agree(settings):
     fast, applied, stats = dqn_run(True, **settings)
     ref, none, ref_stats = dqn_run(False, **settings)
-    assert none == [] and applied == ["flat Adam", "fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
+    fused = ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting", "gradient step in numpy"]
+    assert none == [] and applied == ["flat Adam", *fused]
     assert stats["charts/updates"] == ref_stats["charts/updates"] == 9
     for a, b in zip(fast, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     assert stats["td_loss"] == pytest.approx(ref_stats["td_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("settings", [{}, OTHER_DQN | {"max_grad_norm": 0.05}])  # the second: every norm clipped
+def test_a_dqn_gradient_step_in_numpy_steps_as_the_reference_step(settings):
+    """DQN.gradient_step (the fused loss through autograd) against the step in numpy, unchecked, over 9 updates."""
+    ours, applied, stats = dqn_run(True, step="fast", **settings)
+    reference, _, ref_stats = dqn_run(True, step="reference", **settings)
+    assert "gradient step in numpy" in applied
+    for a, b in zip(ours, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert stats == pytest.approx(ref_stats, rel=1e-4, abs=1e-6)
 
 
 def test_dueling_and_masked_q_networks_keep_the_reference_update():

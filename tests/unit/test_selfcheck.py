@@ -1,9 +1,9 @@
-"""The accelerations that re-write the math (fused PPO and DQN losses, DQN's fused targets, fused A2C unroll, PPO's
-minibatch step in numpy, numpy acting) check themselves against
-the reference at their first use (rlrun/fast/selfcheck.py): a researcher's edit to algos/ or models/, simulated here
-by replacing the reference function or class in-process as an edit of the file would, makes the run say which one
-stepped aside and train what the reference path (algo.fast=false) trains; an unedited run says nothing and equals,
-bit for bit, the run of the same accelerations without their checks."""
+"""The accelerations that re-write the math (fused PPO and DQN losses, DQN's fused targets, fused A2C unroll, PPO's and
+DQN's gradient steps in numpy, numpy acting) check themselves against the reference at their first use
+(rlrun/fast/selfcheck.py): a researcher's edit to algos/ or models/, simulated here by replacing the reference function
+or class in-process as an edit of the file would, makes the run say which one stepped aside and train what the reference
+path (algo.fast=false) trains; an unedited run says nothing and equals, bit for bit, the run of the same accelerations
+without their checks."""
 
 import logging
 import re
@@ -54,7 +54,7 @@ def train(cfg, fast: bool, iterations: int = 3, unchecked: bool = False) -> tupl
             parts = algo.parts
             if isinstance(parts, dqn_module.DQNParts):  # DQN's checked parts hold the unchecked ones
                 parts.learner, parts.targets = parts.learner.fast, parts.targets.fast
-                parts.epsilon_greedy = parts.epsilon_greedy.fast
+                parts.epsilon_greedy, parts.gradient_step = parts.epsilon_greedy.fast, parts.gradient_step.fast
             elif hasattr(parts.learner, "fast"):  # PPO's checked learner, policy and step hold the unchecked parts
                 parts.learner, parts.policy = parts.learner.fast, parts.policy.fast
                 parts.minibatch_step = parts.minibatch_step.fast
@@ -119,19 +119,22 @@ def test_an_edited_advantage_normalization_is_what_trains(monkeypatch, caplog):
     assert_trains_the_reference(PPO_SMALL, caplog, {"minibatch step in numpy"})
 
 
-def test_an_edited_gradient_clipping_is_what_trains(monkeypatch, caplog):
-    """PPO.minibatch_step edited to clip the gradient's norm at a tenth of max_grad_norm."""
-    step = ppo_module.PPO.minibatch_step
+def clipping_tighter(step, by: float):
+    """A step (PPO.minibatch_step, DQN.gradient_step) edited to clip the gradient's norm at its max_grad_norm / by."""
 
-    def tighter_clipping(self, minibatch, mean_all, weight):
+    def edited(self, *args):
         clip = self.parts.clip_grad_norm_
-        self.parts.clip_grad_norm_ = lambda params, max_norm: clip(params, max_norm / 10)
+        self.parts.clip_grad_norm_ = lambda params, max_norm: clip(params, max_norm / by)
         try:
-            return step(self, minibatch, mean_all, weight)
+            return step(self, *args)
         finally:
             self.parts.clip_grad_norm_ = clip
 
-    monkeypatch.setattr(ppo_module.PPO, "minibatch_step", tighter_clipping)
+    return edited
+
+
+def test_an_edited_gradient_clipping_is_what_trains(monkeypatch, caplog):
+    monkeypatch.setattr(ppo_module.PPO, "minibatch_step", clipping_tighter(ppo_module.PPO.minibatch_step, 10))
     assert_trains_the_reference(PPO_SMALL, caplog, {"minibatch step in numpy"})
 
 
@@ -251,11 +254,17 @@ def test_an_edited_q_network_is_what_trains(monkeypatch, caplog):
     assert_trains_the_reference(DQN_SMALL, caplog, expected)
 
 
+def test_an_edited_dqn_gradient_step_is_what_trains(monkeypatch, caplog):
+    monkeypatch.setattr(dqn_module.DQN, "gradient_step", clipping_tighter(dqn_module.DQN.gradient_step, 1000))
+    assert_trains_the_reference(DQN_SMALL, caplog, {"gradient step in numpy"}, DQN_ATOL)
+
+
 def test_an_unedited_dqn_run_passes_its_checks_and_equals_the_unchecked_run(caplog):
     with caplog.at_level(logging.DEBUG, logger="rlrun"):
         checked, applied = train(DQN_SMALL, fast=True)
     assert stepped_aside(caplog) == {}
-    assert {"fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"} <= set(applied)
+    fused = {"fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting", "gradient step in numpy"}
+    assert fused <= set(applied)
     unchecked, _ = train(DQN_SMALL, fast=True, unchecked=True)
     for a, b in zip(checked, unchecked, strict=True):
         assert torch.equal(a, b)
