@@ -1,10 +1,11 @@
 """The self-check of the accelerations that re-write the math (the fused PPO and DQN losses, DQN's fused targets, the
-fused A2C unroll, numpy acting, and their counterparts for a batch of PPO seeds): at its first use in a process (a
-run's first update or first act, and so again after every resume), each runs beside the reference part it replaces
-on the same inputs and compares what comes out. Beyond TOLERANCE it steps aside for the rest of the run, with one log
-line naming it and the size of the difference, and the reference runs, so an edit to algos/ or models/ is what
-trains. A check that passes changes nothing: it draws no random numbers (acting restores torch's generator) and the
-accelerated part's results are the ones used, computed as without the check."""
+fused A2C unroll, PPO's and DQN's gradient steps in numpy, numpy acting, and their counterparts for a batch of PPO
+seeds): at its first use in a process (a run's first update or first act, and so again after every resume), each runs
+beside the reference part it replaces on the same inputs and compares what comes out. Beyond TOLERANCE it steps aside
+for the rest of the run, with one log line naming it and the size of the difference, and the reference runs, so an
+edit to algos/ or models/ is what trains. A check that passes changes nothing: it draws no random numbers (acting
+restores torch's generator; a gradient step's check puts the parameters and the optimizer's state back before the
+fast step) and the accelerated part's results are the ones used, computed as without the check."""
 
 from __future__ import annotations
 
