@@ -174,7 +174,7 @@ def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
     c, model = algo.cfg, algo.model
     # As for SAC and TD3 (below): zeroing, clipping and the Adam step as a few calls on flat buffers.
     _flat_adam(parts, c.lr, c.adam_eps)
-    algo.optimizer  # noqa: B018 (built now, not on first use: numpy acting takes views of its buffer)
+    optimizer = algo.optimizer  # built now, not on first use: numpy acting and the numpy step take views of its buffers
     applied = ["flat Adam"]
     if not fusable_q(model) or algo.device.type != "cpu":
         return applied
@@ -188,7 +188,6 @@ def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
     q_values = lambda obs: model(torch.as_tensor(obs, dtype=algo.obs_dtype))  # noqa: E731
     parts.epsilon_greedy = CheckedEpsilonGreedy(NumpyEpsilonGreedy(model), parts.epsilon_greedy, q_values)
     applied += ["fused DQN loss", "fused DQN targets", "numpy epsilon-greedy acting"]
-    optimizer = algo.optimizer
     if not in_process_group() and isinstance(optimizer, FlatAdam):
         # As PPO's minibatch step in numpy (_accelerate_ppo): the loss's gradient without autograd, written into flat
         # Adam's buffer, clipped, stepped. One process only. Checked against DQN.gradient_step on the first update.
