@@ -184,7 +184,7 @@ class Loop:
         the evaluation's, unless a stop was asked for (the evaluation then ended early)."""
         cfg, parts, env_steps = self.run.cfg, self.parts, self.at.env_steps
         sps, recent = self.clock.sps(env_steps), self.run_log.recent
-        parts.logger.progress(env_steps, sps, float(np.mean(recent)) if recent else None)
+        parts.logger.progress(env_steps, sps, sum(recent) / len(recent) if recent else None)  # (np.mean: 10 us)
         eval_now = crossed(before, env_steps, cfg.eval.every_steps) and not last
         if crossed(before, env_steps, cfg.logging.every_steps) or eval_now:
             metrics = self.run_log.metrics(self.at.iteration, sps)

@@ -143,7 +143,7 @@ class ReplayAlgorithm:
             actions, stored = self.explore(obs, progress)
             step = envs.step(actions)
             self.replay.add(obs, stored, step.rewards, step.terminated, step.truncated, step.info.get("final_obs"))
-            if step.episodes.ended.any():
+            if np.count_nonzero(step.episodes.ended):  # a C call: ndarray.any() passes through Python
                 episodes.append(step.episodes.finished())
             obs = step.obs
         self.next_obs = obs
@@ -170,7 +170,8 @@ class ReplayAlgorithm:
             batch["obs"], batch["next_obs"] = self._obs(batch["obs"]), self._obs(batch["next_obs"])
             self.updates += 1  # counts this update: learn() reads it for its schedules (target syncs, delays)
             stats, td_abs = self.learn(batch, torch.as_tensor(weights, dtype=torch.float32, device=self.device))
-            replay.update_priorities(items, td_abs.cpu().numpy())
+            if c.replay.prioritized:
+                replay.update_priorities(items, td_abs.cpu().numpy())
             steps.append(stats)
         if c.replay.prioritized:  # new items enter at the largest priority any shard has seen, as in one buffer
             replay.max_priority = float(self.shards.gather(torch.tensor([replay.max_priority])).max())
@@ -196,7 +197,11 @@ class ReplayAlgorithm:
         out = self.charts() | {"charts/updates": float(self.updates)}
         if steps:  # a stat's mean over the steps that made it; one transfer for all (not a device sync each)
             names = list(dict.fromkeys(k for s in steps for k in s))
-            means = torch.stack([torch.stack([s[k] for s in steps if k in s]).mean() for k in names]).tolist()
+            if all(len(s) == len(names) for s in steps):  # every step made every stat: one stack, one mean
+                stacked = torch.stack([s[k] for s in steps for k in names]).view(len(steps), len(names))
+                means = stacked.mean(0).tolist()
+            else:
+                means = torch.stack([torch.stack([s[k] for s in steps if k in s]).mean() for k in names]).tolist()
             out |= dict(zip(names, means))
         if self.cfg.replay.prioritized:
             out["charts/beta"] = beta

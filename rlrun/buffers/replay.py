@@ -157,7 +157,8 @@ class ReplayBuffer:
         self.rewards[row] = rewards
         self.terminated[row] = terminated
         self.truncated[row] = truncated
-        for env in np.flatnonzero(truncated & ~terminated):
+        # (np.count_nonzero first: a C call, where most steps truncate nothing)
+        for env in np.flatnonzero(truncated & ~terminated) if np.count_nonzero(truncated) else ():
             final = final_obs[env]
             self.final[row * self.num_envs + env] = np.array(final[-1] if self.k > 1 else final)
         self._episode_start = terminated | truncated
@@ -178,7 +179,7 @@ class ReplayBuffer:
     def _write(self, frame: np.ndarray, context: bool) -> int:
         row = self.pos
         self._set_live(row, False)
-        for env in range(self.num_envs):
+        for env in range(self.num_envs) if self.final else ():  # (most runs hold few truncated episodes' finals)
             self.final.pop(row * self.num_envs + env, None)
         # Rows within k-1 after this one rebuild their stacks from it: their old look-back is gone.
         for later in range(1, self.k):

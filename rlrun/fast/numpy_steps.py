@@ -9,12 +9,14 @@ the ranks' gradients in the learner's backward, which these steps do not run."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from rlrun.algos.dqn import GradientStep
-from rlrun.algos.finite import require_finite
+from rlrun.algos.finite import nonfinite_error
 from rlrun.algos.normalize import MeanAll
 from rlrun.algos.ppo import MinibatchStep
 from rlrun.fast.flat_adam import FlatAdam
@@ -51,7 +53,8 @@ class _NumpyStep:
             np.copyto(grad, g)
         flat = self.flat_grads
         norm = np.sqrt(np.dot(flat, flat))
-        require_finite(torch.from_numpy(np.asarray(norm)), self.what)
+        if not math.isfinite(norm):
+            raise nonfinite_error(float(norm), self.what)
         flat *= min(self.max_norm / (norm + F32(1e-6)), F32(1))
         self.optimizer.step()
 

@@ -91,20 +91,21 @@ class RunLog:
         names = [k for k in stats if k != "epochs"]
         own = [stop_requested, collected["env_steps"], preempting and collected["preempted"], len(returns)]
         own += [returns.sum(), lengths.sum(), *(stats[k] for k in names)]
-        rows = self.ctx.gather_all(torch.tensor([float(x) for x in own], dtype=torch.float64)).numpy()
-        counts = rows[:, _EPISODES].astype(np.int64)
+        # Each rank's row as Python floats: a handful of numbers per rank, where numpy's calls cost more than the sums.
+        rows = self.ctx.gather_all(torch.tensor([float(x) for x in own], dtype=torch.float64)).tolist()
+        counts = [int(r[_EPISODES]) for r in rows]
         self.episodes_per_rank += counts
         p = self.pending
-        added = (int(counts.sum()), float(rows[:, _RETURNS].sum()), int(rows[:, _LENGTHS].sum()))
+        added = (sum(counts), sum(r[_RETURNS] for r in rows), int(sum(r[_LENGTHS] for r in rows)))
         self.pending = Episodes(p.count + added[0], p.return_sum + added[1], p.length_sum + added[2])
-        means = rows[:, _STATS:].sum(axis=0) / len(rows)  # as an all-reduce's sum over ranks, then divided
-        self.update = {_metric_name(k): float(v) for k, v in zip(names, means)}
+        means = [sum(column) / len(rows) for column in zip(*(r[_STATS:] for r in rows))]  # an all-reduce's sum, divided
+        self.update = {_metric_name(k): v for k, v in zip(names, means)}
         if preempting:
-            self.steps += rows[:, _STEPS].astype(np.int64)
-            self.cut += rows[:, _CUT].astype(np.int64)
+            self.steps += [int(r[_STEPS]) for r in rows]
+            self.cut += [int(r[_CUT]) for r in rows]
             self.rollouts += 1
             self.preempting = True
-        return Gathered(bool(rows[:, _STOP].any()), int(rows[:, _STEPS].sum()))
+        return Gathered(any(r[_STOP] for r in rows), int(sum(r[_STEPS] for r in rows)))
 
     def metrics(self, iteration: int, sps: float) -> dict[str, float]:
         """A log line: the last update's stats, the iteration, SPS, the episodes since the last line and, with
