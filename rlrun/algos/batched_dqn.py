@@ -7,14 +7,16 @@ generator (batched_replay.py: its epsilon-greedy draws are its own), its own eps
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Iterator
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rlrun.algos.batched_replay import BatchedReplay
-from rlrun.algos.dqn import DQN, linear_schedule, q_targets, td_loss
+from rlrun.algos.dqn import DQN, Noise, linear_schedule, q_targets, td_loss
+from rlrun.algos.protocol import VectorEnv
 from rlrun.algos.stacked import SeedSteps, StackedMLP, clip_grad_norm_per_seed, polyak_per_seed, share_optimizers
 from rlrun.models.encoders import FlatFloat
 from rlrun.models.q_network import QNetwork
@@ -69,27 +71,33 @@ class BatchedDQN(BatchedReplay):
         make = seeds[0].parts.make_optimizer
         self.optimizer = SeedSteps(list(self.model.parameters()), make)
         share_optimizers(seeds, [self.optimizer], self.ties, ("optimizer",))
-        self.num_actions, self.mask_size = seeds[0].num_actions, seeds[0].mask_size
+        self.noises: list[Iterator[Noise]] = [iter(()) for _ in seeds]  # each seed's this collect (DQN.noise)
         self.load_seeds()
 
     @torch.inference_mode()
+    def collect(self, envs: list[VectorEnv], progress: float) -> list[dict[str, Any]]:
+        """BatchedReplay.collect, each seed's exploration noise drawn at its start from the seed's generator, as its
+        single run draws it (DQN.collect)."""
+        n = self.cfg.train_freq
+        self.noises = [a.draw_noise(n, self.N, g) for a, g in zip(self.dqns, self.generators, strict=True)]
+        return super().collect(envs, progress)
+
+    @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
-        """DQN.explore per seed: epsilon on its linear schedule, then greedy or random actions, each seed's random
-        action and coin from its generator, drawn as DQN._greedy_or_random draws them."""
+        """DQN.explore per seed: epsilon on its linear schedule, then greedy or random actions on the seed's noise."""
         c = self.cfg
         epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction, progress)
         x = torch.as_tensor(obs, dtype=self.obs_dtype, device=self.device)
-        greedy = self.model(x).argmax(-1).cpu()  # [S, N]
-        n, masks = greedy.shape[1], x[..., -self.mask_size :].float().cpu() if self.mask_size else None
+        greedy = self.model(x).argmax(-1).cpu().numpy()  # [S, N]
         actions = []
-        for s, (a, g) in enumerate(zip(self.dqns, self.generators)):
+        for s, (a, g) in enumerate(zip(self.dqns, self.generators, strict=True)):
             a.epsilon = epsilon  # what it logs
-            if masks is not None:  # random draws among the legal actions only
-                random = torch.multinomial(masks[s], 1, generator=g).squeeze(-1)
-            else:
-                random = torch.randint(self.num_actions, (n,), generator=g)
-            actions.append(torch.where(torch.rand(n, generator=g) < epsilon, random, greedy[s]))
-        chosen = torch.stack(actions).numpy()
+            noise = next(self.noises[s], None)
+            if noise is None:  # a step outside a collect
+                noise = next(a.draw_noise(1, self.N, g))
+            coins, picks = noise
+            actions.append(np.where(coins < epsilon, a.random_actions(obs[s], picks), greedy[s]))
+        chosen = np.stack(actions)
         return chosen, chosen
 
     def learn(self, batch: dict[str, Tensor], weights: Tensor) -> tuple[dict[str, Tensor], Tensor]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from rlrun.algos.configs import DQNConfig
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
 from rlrun.algos.parts import ClipGradNorm, MakeOptimizer, Optimizer, adam
-from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, Wrap
+from rlrun.algos.protocol import Annealed, EnvSpec, Reductions, VectorEnv, Wrap
 from rlrun.config import ModelConfig
 from rlrun.errors import UserError
 from rlrun.models import trainable
@@ -72,8 +72,11 @@ class DQNLearner(nn.Module):
         return loss, (q - targets).detach().abs(), q.detach()
 
 
-# (obs [N, ...] as the env gives them, epsilon) -> actions [N]: greedy in Q, or uniform with probability epsilon
-EpsilonGreedy = Callable[[np.ndarray, float], np.ndarray]
+# (obs [N, ...] as the env gives them, explore [N] bool, random actions [N]) -> actions [N]: the random action where
+# explore, else the greedy one in Q
+EpsilonGreedy = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# A vector step's exploration noise (DQN.draw_noise): each env's coin [N] and its random action's pick [N]
+Noise = tuple[np.ndarray, np.ndarray]
 # (next_obs [B, ...], returns [B], discount [B]) -> the n-step targets [B], as q_targets with DQN's networks
 QTargets = Callable[[Tensor, Tensor, Tensor], Tensor]
 # (obs, actions, targets, weights) -> (loss, |TD errors| [B], Q(s, a) [B]) of the learner, after one optimizer step on
@@ -88,7 +91,7 @@ class DQNParts:
 
     learner: nn.Module  # forward(obs, actions, targets, weights) -> (loss, |TD|, Q), as DQNLearner; what DDP wraps
     targets: QTargets
-    epsilon_greedy: EpsilonGreedy  # acting, while collecting (decayed epsilon) and for evaluation (0 or end_e)
+    epsilon_greedy: EpsilonGreedy  # acting, while collecting and for evaluation, on DQN's draws (DQN.draw_noise)
     make_optimizer: MakeOptimizer  # over DQN.trained, on first use
     gradient_step: GradientStep  # one optimizer step on the learner's loss (DQN.gradient_step)
     clip_grad_norm_: ClipGradNorm = nn.utils.clip_grad_norm_
@@ -120,6 +123,7 @@ class DQN(ReplayAlgorithm):
         self.num_actions = int(action_space.n)
         self.mask_size = action_mask_size(obs_space)  # the env's action masks end its observations
         self.epsilon = cfg.start_e
+        self.noise: Iterator[Noise] = iter(())  # this collect's exploration noise, a step's at a time
         self.parts = DQNParts(  # what an acceleration may replace
             learner=DQNLearner(self.model, cfg.batch_size, cfg.loss),
             targets=functools.partial(q_targets, self.model, self.target, double_q=cfg.double_q),
@@ -133,19 +137,46 @@ class DQN(ReplayAlgorithm):
         """The parts' optimizer over the trained parameters, built on first use."""
         return self.parts.make_optimizer(self.trained)
 
-    def _greedy_or_random(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
-        x = self._obs(obs)
-        greedy = self.model(x).argmax(-1).cpu()
-        if self.mask_size:  # random draws among the legal actions only
-            random = torch.multinomial(x[:, -self.mask_size :].float().cpu(), 1).squeeze(-1)
-        else:
-            random = torch.randint(self.num_actions, greedy.shape)
-        return torch.where(torch.rand(greedy.shape) < epsilon, random, greedy).numpy()
+    def _greedy_or_random(self, obs: np.ndarray, explore: np.ndarray, random: np.ndarray) -> np.ndarray:
+        greedy = self.model(self._obs(obs)).argmax(-1).cpu().numpy()
+        return np.where(explore, random, greedy)
+
+    def draw_noise(self, steps: int, n: int, generator: torch.Generator | None = None) -> Iterator[Noise]:
+        """The exploration noise of `steps` vector steps of `n` envs, drawn at once from `generator` (torch's global
+        one when None): per step, each env's coin (it explores where the coin is below epsilon) and the uniform that
+        picks its random action (random_actions). Two draws for a collect, where a draw per step cost more than acting
+        on one env."""
+        coins = torch.rand((steps, n), generator=generator).numpy()
+        picks = torch.rand((steps, n), dtype=torch.float64, generator=generator).numpy()
+        return zip(coins, picks, strict=True)
+
+    def random_actions(self, obs: np.ndarray, picks: np.ndarray) -> np.ndarray:
+        """Actions [N] uniform over each env's legal actions (all, without action masks), chosen by `picks` [N]
+        uniform in [0, 1)."""
+        if not self.mask_size:
+            return (picks * self.num_actions).astype(np.int64)
+        legal = np.asarray(obs).reshape(len(obs), -1)[:, -self.mask_size :] >= 0.5  # the masks end the observations
+        index = (picks * np.count_nonzero(legal, axis=1)).astype(np.int64)  # among the legal ones, in order
+        chosen: np.ndarray = np.argmax(np.cumsum(legal, axis=1) > index[:, None], axis=1)
+        return chosen
+
+    def epsilon_greedy(self, obs: np.ndarray, epsilon: float, noise: Noise) -> np.ndarray:
+        """Actions [N] for obs [N, ...]: random among the legal ones with probability epsilon, else greedy in Q."""
+        coins, picks = noise
+        return self.parts.epsilon_greedy(obs, coins < epsilon, self.random_actions(obs, picks))
+
+    @torch.inference_mode()
+    def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, Any]:
+        self.noise = self.draw_noise(self.cfg.train_freq, self.num_envs)
+        return super().collect(envs, progress)
 
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
         c = self.cfg
         self.epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction, progress)
-        actions = self.parts.epsilon_greedy(obs, self.epsilon)
+        noise = next(self.noise, None)
+        if noise is None:  # a step outside a collect
+            noise = next(self.draw_noise(1, len(obs)))
+        actions = self.epsilon_greedy(obs, self.epsilon, noise)
         return actions, actions
 
     def wrap_learner(self, wrap: Wrap) -> None:
@@ -193,7 +224,8 @@ class DQN(ReplayAlgorithm):
         """Greedy actions (deterministic) or epsilon-greedy with the final epsilon, for evaluation and play.
         (`starts`, the envs whose episodes begin here, matters only to policies with memory.)"""
         self.model.eval()
-        return self.parts.epsilon_greedy(obs, 0.0 if deterministic else self.cfg.end_e)
+        noise = next(self.draw_noise(1, len(obs)))
+        return self.epsilon_greedy(obs, 0.0 if deterministic else self.cfg.end_e, noise)
 
     def learner_state(self) -> dict[str, Any]:
         return {

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -244,34 +245,29 @@ class CheckedQTargets:
 
 
 class CheckedEpsilonGreedy:
-    """DQN's acting part ((obs, epsilon) -> actions): numpy acting, checked on the first observations it acts on
-    against the reference part, with the same random numbers (torch's generator is put back between them), at that
-    step's epsilon and at epsilon 0 (at first every env explores, and the greedy choice would not show), and its
-    Q-values against the model's; the reference for the rest of the run if any differ."""
+    """DQN's acting part ((obs, explore, random) -> actions): numpy acting, checked on the first observations it acts on
+    against the reference part, on that step's noise and with no env exploring (at first every env explores, and the
+    greedy choice would not show), and its Q-values against the model's; the reference for the rest of the run if any
+    differ."""
 
     NAME, REFERENCE = "numpy epsilon-greedy acting", "algos/dqn.py and models/ (QNetwork)"
 
-    def __init__(self, fast: Any, reference: Callable[[Any, float], Any], q_values: Callable[[Any], Tensor]):
+    def __init__(self, fast: Any, reference: Callable[[Any, Any, Any], Any], q_values: Callable[[Any], Tensor]):
         self.fast, self.reference, self.q_values = fast, reference, q_values
         self.active, self.checked = fast, False
 
-    def __call__(self, obs: Any, epsilon: float) -> Any:
+    def __call__(self, obs: Any, explore: Any, random: Any) -> Any:
         if not self.checked:
             self.checked = True
-            if steps_aside(self.NAME, self.REFERENCE, self.difference(obs, epsilon)):
+            if steps_aside(self.NAME, self.REFERENCE, self.difference(obs, explore, random)):
                 self.active = self.reference
-        return self.active(obs, epsilon)
+        return self.active(obs, explore, random)
 
-    def difference(self, obs: Any, epsilon: float) -> float:
+    def difference(self, obs: Any, explore: Any, random: Any) -> float:
         """The larger of the share of envs whose actions differ and the largest difference in Q-values."""
-        state = torch.get_rng_state()
         differ = 0.0
-        for eps in (epsilon, 0.0):
-            torch.set_rng_state(state)
-            expected = self.reference(obs, eps)
-            torch.set_rng_state(state)
-            differ = max(differ, float((self.fast(obs, eps) != expected).mean()))
-        torch.set_rng_state(state)
+        for mask in (explore, np.zeros_like(explore)):
+            differ = max(differ, float((self.fast(obs, mask, random) != self.reference(obs, mask, random)).mean()))
         with torch.no_grad():
             q = self.q_values(obs)
         return max(differ, difference(torch.from_numpy(self.fast.q_values(obs)), q))

@@ -474,21 +474,19 @@ def dqn(fast: bool, num_envs: int = 4, **cfg):
 
 
 def test_numpy_epsilon_greedy_acts_as_dqn_does():
-    """Through DQNParts.epsilon_greedy, with torch's generator in the same state: the same actions at every epsilon
-    (greedy, mixed, all exploring), drawing the same random numbers."""
+    """Through DQNParts.epsilon_greedy, on the same noise: the same actions whether no env, some or all explore."""
     from rlrun.fast.numpy_q import NumpyEpsilonGreedy
 
     ref, _ = dqn(False, num_envs=64)
     fast = NumpyEpsilonGreedy(ref.model)
     obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    coins, picks = next(ref.draw_noise(1, 64))
+    random = ref.random_actions(obs, picks)
     for epsilon in (0.0, 0.4, 1.0):
-        torch.manual_seed(3)
-        expected, after = ref.parts.epsilon_greedy(obs, epsilon), torch.rand(1)
-        torch.manual_seed(3)
-        actions = fast(obs, epsilon)
-        assert actions.dtype == expected.dtype and np.array_equal(actions, expected)
-        assert torch.equal(torch.rand(1), after)  # the generator moved as the reference moved it
-    assert 0 < (expected != ref.parts.epsilon_greedy(obs, 0.0)).sum()  # the draws mattered
+        expected = ref.parts.epsilon_greedy(obs, coins < epsilon, random)
+        actions = fast(obs, coins < epsilon, random)
+        assert actions.dtype == expected.dtype == np.int64 and np.array_equal(actions, expected)
+    assert 0 < (expected != ref.parts.epsilon_greedy(obs, coins < 0.0, random)).sum()  # the draws mattered
 
 
 def dqn_run(fast: bool, step: str | None = None, **cfg) -> tuple[list[torch.Tensor], list[str], dict]:

@@ -93,3 +93,41 @@ def test_normalize_advantages_and_explained_variance():
     target = torch.tensor([1.0, 2.0, 3.0])
     assert explained_variance(target, target) == 1.0
     assert math.isnan(explained_variance(target, torch.ones(3)))
+
+
+def test_dqn_random_actions_are_uniform_over_the_legal_ones():
+    """DQN's exploration picks each legal action alike and never an illegal one, with and without action masks (the
+    masks end the observations, as rlrun encodes them); a collect's noise is drawn once and read a step at a time."""
+    import gymnasium as gym
+
+    from rlrun.algos.configs import DQNConfig
+    from rlrun.algos.dqn import DQN
+    from rlrun.algos.protocol import EnvSpec
+    from rlrun.config import EnvConfig, ModelConfig
+    from rlrun.envs import env_spaces
+
+    def dqn(obs_space: gym.Space, actions: int) -> DQN:
+        spec = EnvSpec(obs_space, gym.spaces.Discrete(actions), 4)
+        return DQN(DQNConfig(train_freq=5), ModelConfig(hidden_sizes=[8]), spec, torch.device("cpu"))
+
+    torch.manual_seed(0)
+    plain = dqn(gym.spaces.Box(-1, 1, (3,)), 3)
+    picks = next(plain.draw_noise(1, 30_000))[1]
+    counts = np.bincount(plain.random_actions(np.zeros((30_000, 3), np.float32), picks), minlength=3)
+    assert counts.sum() == 30_000 and np.all(np.abs(counts / 30_000 - 1 / 3) < 0.01), counts
+
+    masked = dqn(env_spaces(EnvConfig(id="Masked-v0", imports=["tests.data.spaces_envs"]))[0], 3)  # [pos, mask]
+    assert masked.mask_size == 3
+    masks = np.array([[1, 0, 1], [0, 1, 1], [0, 0, 1], [1, 1, 1]], np.float32).repeat(10_000, axis=0)
+    obs = np.concatenate([np.zeros((len(masks), 2), np.float32), masks], axis=1)
+    chosen = masked.random_actions(obs, next(masked.draw_noise(1, len(obs)))[1])
+    assert np.all(masks[np.arange(len(obs)), chosen] == 1)  # legal only
+    for mask in np.unique(masks, axis=0):
+        rows = np.all(masks == mask, axis=1)
+        shares = np.bincount(chosen[rows], minlength=3)[mask == 1] / rows.sum()
+        assert np.all(np.abs(shares - 1 / mask.sum()) < 0.02), (mask, shares)
+
+    noise = plain.draw_noise(5, 4)  # train_freq steps of 4 envs
+    steps = list(noise)
+    assert len(steps) == 5 and all(c.shape == p.shape == (4,) for c, p in steps)
+    assert all(c.dtype == np.float32 and p.dtype == np.float64 for c, p in steps)

@@ -9,6 +9,7 @@ import logging
 import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -235,11 +236,9 @@ def test_an_edited_double_dqn_target_shows_although_the_networks_start_equal(mon
     assert_trains_the_reference(DQN_SMALL, caplog, {"fused DQN targets"}, DQN_ATOL)
 
 
-def least_valued_acting(self, obs, epsilon):
-    """DQN's acting edited to take the least valued action (drawing the same random numbers)."""
-    greedy = self.model(self._obs(obs)).argmin(-1).cpu()
-    random = torch.randint(self.num_actions, greedy.shape)
-    return torch.where(torch.rand(greedy.shape) < epsilon, random, greedy).numpy()
+def least_valued_acting(self, obs, explore, random):
+    """DQN's acting edited to take the least valued action where it acts greedily."""
+    return np.where(explore, random, self.model(self._obs(obs)).argmin(-1).cpu().numpy())
 
 
 def test_edited_dqn_acting_shows_although_the_first_step_explores(monkeypatch, caplog):
