@@ -158,8 +158,9 @@ class ReplayAlgorithm:
             self.model.train()
         beta = c.replay.beta_start + (1.0 - c.replay.beta_start) * progress
         shard_stats = self.shards.gather(replay.stats())  # [W, 4]: mass, size, min mass, max priority
-        if shard_stats[:, 1].sum() < max(c.learning_starts, 1):
-            self.warn_if_stalled(len(shard_stats), int(shard_stats[:, 1].sum()))
+        held = int(sum(shard_stats[:, 1].tolist()))  # (in Python: a few numbers, where each torch call costs more)
+        if held < max(c.learning_starts, 1):
+            self.warn_if_stalled(len(shard_stats), held)
             return self.update_stats(beta, [])
         steps = []
         for step in range(c.gradient_steps):
@@ -197,7 +198,9 @@ class ReplayAlgorithm:
         out = self.charts() | {"charts/updates": float(self.updates)}
         if steps:  # a stat's mean over the steps that made it; one transfer for all (not a device sync each)
             names = list(dict.fromkeys(k for s in steps for k in s))
-            if all(len(s) == len(names) for s in steps):  # every step made every stat: one stack, one mean
+            if len(steps) == 1:  # (DQN's usual gradient_steps=1: no mean to take)
+                means = torch.stack([steps[0][k] for k in names]).tolist()
+            elif all(len(s) == len(names) for s in steps):  # every step made every stat: one stack, one mean
                 stacked = torch.stack([s[k] for s in steps for k in names]).view(len(steps), len(names))
                 means = stacked.mean(0).tolist()
             else:

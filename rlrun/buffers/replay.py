@@ -242,7 +242,7 @@ class ReplayBuffer:
         counts = shard_counts(masses, len(shard_stats) * batch_size, generator)
         items = self.sample(int(counts[shard]), draws)
         if self.alpha is None:
-            return items, np.ones(len(items))
+            return items, np.ones(len(items), dtype=np.float32)  # the learners' dtype: no conversion
         size, min_mass = float(shard_stats[:, 1].sum()), float(shard_stats[:, 2].min())
         return items, importance_weights(self.mass(items), float(masses.sum()), size, min_mass, beta)
 
