@@ -69,14 +69,15 @@ class Shards:
 ONE_SHARD = Shards()
 
 
-def shard_counts(masses: Tensor, batch: int, generator: torch.Generator) -> Tensor:
+def shard_counts(masses: Tensor, batch: int, generator: torch.Generator) -> list[int]:
     """How many of `batch` i.i.d. draws from the union of the shards fall in each shard, given each
     shard's sampling mass [W]: a Multinomial(batch, masses / sum) sample [W]. Same generator state and
     masses on every rank -> same counts. One shard takes every draw, and no random number is drawn."""
     if len(masses) == 1:
-        return torch.tensor([batch])
+        return [batch]
     draws = torch.multinomial(masses.double() / masses.sum(), batch, replacement=True, generator=generator)
-    return torch.bincount(draws, minlength=len(masses))
+    counts: list[int] = torch.bincount(draws, minlength=len(masses)).tolist()
+    return counts
 
 
 def importance_weights(mass: np.ndarray, total: float, size: float, min_mass: float, beta: float) -> np.ndarray:
@@ -222,7 +223,8 @@ class ReplayBuffer:
         items = np.zeros(0, dtype=np.int64)
         while len(items) < count:
             draw = torch.randint(in_use, (count - len(items),), generator=generator).numpy()
-            items = np.concatenate([items, draw[self.live[draw // self.num_envs]]])
+            kept = draw[self.live[draw // self.num_envs]]
+            items = np.concatenate([items, kept]) if len(items) else kept
         return items
 
     def sample_global(
@@ -240,7 +242,7 @@ class ReplayBuffer:
         seeds gives each seed's its own)."""
         masses = shard_stats[:, 0]
         counts = shard_counts(masses, len(shard_stats) * batch_size, generator)
-        items = self.sample(int(counts[shard]), draws)
+        items = self.sample(counts[shard], draws)
         if self.alpha is None:
             return items, np.ones(len(items), dtype=np.float32)  # the learners' dtype: no conversion
         size, min_mass = float(shard_stats[:, 1].sum()), float(shard_stats[:, 2].min())
