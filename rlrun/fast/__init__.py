@@ -33,6 +33,7 @@ from rlrun.envs.ray_envs import RayEnvs
 from rlrun.envs.sync import SyncEnvs
 from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
 from rlrun.fast.cartpole_arrays import CartPoleArrays, coverable
+from rlrun.fast.cartpole_floats import CartPoleFloats
 from rlrun.fast.channels_last import ChannelsLast
 from rlrun.fast.flat_adam import FlatAdam, FlatAdams
 from rlrun.fast.fused_a2c import FusedA2CUnroll
@@ -101,9 +102,14 @@ ARRAYS_FROM = 4
 def _cartpole_arrays(envs: VectorEnv) -> list[str]:
     """In-process CartPoles, from ARRAYS_FROM of them, stepped as arrays (one numpy expression for all envs instead of
     a Python step per env and wrapper), their env objects kept for every other command. Checked against the envs' own
-    step on the first step and the first that ends an episode."""
-    if type(envs) is not SyncEnvs or envs.num_envs < ARRAYS_FROM or not coverable(envs.envs):
+    step on the first step and the first that ends an episode. Fewer are stepped in Python floats on their env
+    objects (the steps that end no episode: the call through three wrappers and the vector step's lists around it were
+    half of a step of one env). Checked against the envs' own step on the first step it takes."""
+    if type(envs) is not SyncEnvs or not coverable(envs.envs):
         return []
+    if envs.num_envs < ARRAYS_FROM:
+        envs.run_command = CartPoleFloats(envs.envs)
+        return ["CartPole stepped in floats"]
     envs.run_command = CartPoleArrays(envs.envs).rows(0, envs.num_envs)
     return ["CartPole stepped as arrays"]
 

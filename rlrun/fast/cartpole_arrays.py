@@ -47,7 +47,7 @@ def _physics(env: gym.Env) -> tuple[Any, ...]:
     return (*(getattr(env.unwrapped, name) for name in PHYSICS), wrapper_layers(env)[1]._max_episode_steps)
 
 
-def _parts(env: gym.Env) -> tuple[RecordEpisodeStatistics, TimeLimit, CartPoleEnv]:
+def cartpole_layers(env: gym.Env) -> tuple[RecordEpisodeStatistics, TimeLimit, CartPoleEnv]:
     """The layers of a coverable env whose state the arrays keep: its statistics, its time limit, its physics."""
     stats, limit, _, cart = wrapper_layers(env)
     return stats, limit, cart
@@ -72,7 +72,7 @@ class CartPoleArrays:
 
     def __init__(self, envs: list[gym.Env]) -> None:
         self.envs, self.n = envs, len(envs)
-        self.stats, self.limits, self.carts = (list(layers) for layers in zip(*map(_parts, envs), strict=True))
+        self.stats, self.limits, self.carts = (list(layers) for layers in zip(*map(cartpole_layers, envs), strict=True))
         self.p, self.max_steps = self.carts[0], self.limits[0]._max_episode_steps
         self.state = np.zeros((self.n, 4))  # CartPoleEnv.state: x, x_dot, theta, theta_dot
         self.elapsed = np.zeros(self.n, dtype=np.int64)  # TimeLimit._elapsed_steps
@@ -114,7 +114,7 @@ class CartPoleArrays:
             return
         for i, env in enumerate(objects or self.envs):
             if not self.stale[i]:
-                stats, limit, cart = _parts(env)
+                stats, limit, cart = cartpole_layers(env)
                 cart.state = self.state[i].copy()
                 limit._elapsed_steps = int(self.elapsed[i])  # type: ignore[assignment]  # typeshed: None until reset
                 stats.episode_returns, stats.episode_lengths = float(self.returns[i]), int(self.lengths[i])
@@ -237,10 +237,10 @@ class CartPoleArrays:
         ended = b["terminated"] | b["truncated"]
         ours = {k: v.copy() for k, v in b.items()}
         ref_infos = run_command("step", None, reference, 0, b, [0], check_finite)
-        diff = max(_difference(ours[k][rows], b[k][rows]) for k, rows in _compared(ended))
+        diff = max(output_difference(ours[k][rows], b[k][rows]) for k, rows in _compared(ended))
         diff = max(diff, _episodes_difference(infos, ref_infos))
         self.write_back()
-        diff = max(diff, *(_state_difference(env, ref) for env, ref in zip(self.envs, reference)))
+        diff = max(diff, *(state_difference(env, ref) for env, ref in zip(self.envs, reference)))
         if not steps_aside(self.NAME, self.REFERENCE, diff, tolerance=0.0):
             for k, v in ours.items():
                 b[k][:] = v
@@ -265,7 +265,7 @@ def _compared(ended: np.ndarray) -> list[tuple[str, Any]]:
     ]
 
 
-def _difference(a: np.ndarray, b: np.ndarray) -> float:
+def output_difference(a: np.ndarray, b: np.ndarray) -> float:
     if a.shape != b.shape:
         return float("inf")
     if a.dtype == np.bool_ or b.dtype == np.bool_:
@@ -282,12 +282,12 @@ def _episodes_difference(ours: list[dict[str, Any]], reference: list[dict[str, A
     return 0.0 if episodes(ours) == episodes(reference) else float("inf")
 
 
-def _state_difference(env: gym.Env, reference: gym.Env) -> float:
+def state_difference(env: gym.Env, reference: gym.Env) -> float:
     """How far `env`'s state is from `reference`'s: the physics' largest difference; inf where a counter or the
     generator differs."""
-    (stats, limit, cart), (ref_stats, ref_limit, ref_cart) = _parts(env), _parts(reference)
+    (stats, limit, cart), (ref_stats, ref_limit, ref_cart) = cartpole_layers(env), cartpole_layers(reference)
     counters = ("episode_returns", "episode_lengths", "episode_count", "return_queue", "length_queue")
     same = all(getattr(stats, name) == getattr(ref_stats, name) for name in counters)
     same = same and limit._elapsed_steps == ref_limit._elapsed_steps
     same = same and cart.np_random.bit_generator.state == ref_cart.np_random.bit_generator.state
-    return _difference(np.asarray(cart.state), np.asarray(ref_cart.state)) if same else float("inf")
+    return output_difference(np.asarray(cart.state), np.asarray(ref_cart.state)) if same else float("inf")

@@ -15,16 +15,20 @@ from rlrun.config import EnvConfig
 from rlrun.envs import SyncEnvs, make_env
 from rlrun.envs.state import env_state
 from rlrun.fast.cartpole_arrays import CartPoleArrays, coverable
+from rlrun.fast.cartpole_floats import CartPoleFloats
 from rlrun.fast.joined_sync import JoinedSyncEnvs, all_cartpoles
 
 LINE = re.compile(r"CartPole as arrays differs from gymnasium's CartPoleEnv.step by .+: running the reference")
 
 
-def cartpoles(n: int, seed: int = 0, arrays: bool = False, **env: object) -> SyncEnvs:
-    """n CartPoles as training makes them, reset with seeds seed..seed+n-1; `arrays`: stepped as arrays."""
+def cartpoles(n: int, seed: int = 0, arrays: bool = False, floats: bool = False, **env: object) -> SyncEnvs:
+    """n CartPoles as training makes them, reset with seeds seed..seed+n-1; `arrays`: stepped as arrays, `floats`: in
+    floats (rlrun/fast/cartpole_floats.py)."""
     envs = SyncEnvs([make_env(EnvConfig(**env), train=True) for _ in range(n)])  # type: ignore[arg-type]
     if arrays:
         envs.run_command = CartPoleArrays(envs.envs).rows(0, n)
+    if floats:
+        envs.run_command = CartPoleFloats(envs.envs)
     envs.reset(seed=seed)
     return envs
 
@@ -195,3 +199,65 @@ def test_an_unedited_run_says_nothing(caplog):
     assert not [r for r in caplog.records if LINE.fullmatch(r.getMessage())]
     assert sum(e.episode_count for e in ours.envs) > 0
     assert env_state(ours.envs[0]) is not None
+
+
+FLOATS_LINE = re.compile(
+    r"CartPole stepped in floats differs from gymnasium's CartPoleEnv.step by .+: running the reference"
+)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"max_episode_steps": 40}, {"kwargs": {"sutton_barto_reward": True}}],
+    ids=["v1", "time-limit", "sutton-barto"],
+)
+def test_floats_step_as_the_envs_do_and_keep_their_state(env, n):
+    """A few CartPoles stepped in floats (the steps that end no episode; the others the envs' own): the same outputs
+    and episodes to the bit, and the same env state at any step, through falls, time limits and autoresets."""
+    ours, reference = cartpoles(n, floats=True, **env), cartpoles(n, **env)
+    rng, ends = np.random.default_rng(0), 0
+    for t in range(3000):
+        actions = balancing(reference.buffers["obs"], rng)
+        a, b = ours.step(actions), reference.step(actions)
+        assert_same_step(a, b)
+        ends += int(b.episodes.ended.sum())
+        if t % 500 == 250:
+            assert plain_state(ours) == plain_state(reference)
+    assert ends > 3 and ours.run_command.active
+
+
+def test_floats_step_semi_implicit_euler_and_a_restored_state_alike():
+    ours, reference = cartpoles(2, floats=True), cartpoles(2)
+    for envs in (ours, reference):
+        for e in envs.envs:
+            e.unwrapped.kinematics_integrator = "semi-implicit euler"
+    rng = np.random.default_rng(1)
+    for t in range(1500):
+        if t == 700:  # both restored to a third set of envs' state (as a resume does)
+            other = cartpoles(2, seed=99)
+            for _ in range(5):
+                other.step(np.zeros(2, dtype=np.int64))
+            state = other.get_env_state()
+            ours.set_env_state(state)
+            reference.set_env_state(state)
+        actions = balancing(reference.buffers["obs"], rng)
+        assert_same_step(ours.step(actions), reference.step(actions))
+    with pytest.raises(AssertionError, match="invalid"):  # an invalid action is the env's own step's to refuse
+        ours.step(np.array([0, 2]))
+
+
+@pytest.mark.parametrize("edit, lines", [("physics", 1), ("last reward", 0), ("reset", 0)])
+def test_floats_step_aside_when_gymnasiums_cartpole_differs(edit, lines, monkeypatch, caplog):
+    """An edit of the physics makes the floats say so in one line on their first step, and from then on the envs step
+    as the edited envs do; the steps that end an episode, and resets, are the envs' own: their edits need no line."""
+    edit_cartpole(monkeypatch, edit)
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        ours, reference = cartpoles(1, floats=True), cartpoles(1)
+        rng = np.random.default_rng(3)
+        for _ in range(300):
+            actions = rng.integers(0, 2, 1)
+            assert_same_step(ours.step(actions), reference.step(actions))
+    assert len([r for r in caplog.records if FLOATS_LINE.fullmatch(r.getMessage())]) == lines
+    assert ours.run_command.active == (lines == 0)
+    assert plain_state(ours) == plain_state(reference)

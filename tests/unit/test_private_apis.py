@@ -122,6 +122,7 @@ def _cartpole_counters() -> None:
     limit, cart = env.env, env.unwrapped
     assert (limit._elapsed_steps, limit._max_episode_steps, cart._sutton_barto_reward) == (1, 500, True)
     assert (env.episode_lengths, env.episode_returns, cart.steps_beyond_terminated) == (1, 0.0, None)
+    assert limit.env._has_reset  # OrderEnforcing's: CartPole stepped in floats steps an env only once reset
 
 
 PRIVATE_APIS = [
@@ -190,10 +191,10 @@ PRIVATE_APIS = [
         _gymnasium_add_info,
     ),
     PrivateApi(
-        "TimeLimit._elapsed_steps, _max_episode_steps; CartPoleEnv._sutton_barto_reward",
+        "TimeLimit._elapsed_steps, _max_episode_steps; CartPoleEnv._sutton_barto_reward; OrderEnforcing._has_reset",
         "gymnasium",
-        "rlrun/fast/cartpole_arrays.py",
-        "CartPoles stepped as arrays keep the wrappers' counters and the reward variant as their own steps do",
+        "rlrun/fast/cartpole_arrays.py, cartpole_floats.py",
+        "CartPoles stepped as arrays or in floats keep the wrappers' counters and the reward variant as their steps do",
         _cartpole_counters,
     ),
 ]
