@@ -1,8 +1,8 @@
-"""CartPoles stepped as arrays (rlrun/fast/cartpole_arrays.py) against the same envs stepped one by one (SyncEnvs'
-run_command, the reference): the same observations, rewards, flags, final observations and episode statistics to the
-bit, through terminations, time limits and autoresets; the same env state for a checkpoint, at any step; a restored
-state stepped on alike; a batch of seeds' envs stepped at once equal to each seed's own; and the self-check, which
-steps aside with one line when gymnasium's CartPole is not what the arrays compute."""
+"""CartPoles stepped as arrays (rlrun/fast/cartpole_arrays.py), and a few in floats (cartpole_floats.py), against
+the same envs stepped one by one (SyncEnvs' run_command, the reference): the same observations, rewards, flags, final
+observations and episode statistics to the bit, through terminations, time limits and autoresets; the same env state
+for a checkpoint, at any step; a restored state stepped on alike; a batch of seeds' envs stepped at once equal to each
+seed's own; and the self-checks, which step aside with one line when gymnasium's CartPole is not what they compute."""
 
 import logging
 import re
@@ -19,6 +19,9 @@ from rlrun.fast.cartpole_floats import CartPoleFloats
 from rlrun.fast.joined_sync import JoinedSyncEnvs, all_cartpoles
 
 LINE = re.compile(r"CartPole as arrays differs from gymnasium's CartPoleEnv.step by .+: running the reference")
+FLOATS_LINE = re.compile(
+    r"CartPole stepped in floats differs from gymnasium's CartPoleEnv.step by .+: running the reference"
+)
 
 
 def cartpoles(n: int, seed: int = 0, arrays: bool = False, floats: bool = False, **env: object) -> SyncEnvs:
@@ -65,6 +68,7 @@ def assert_same_step(a, b) -> None:
         assert all(np.array_equal(ours[k], theirs[k]) for k in ("r", "l", "_r", "_l"))
 
 
+@pytest.mark.parametrize("kind, n", [("arrays", 6), ("floats", 1), ("floats", 3)])
 @pytest.mark.parametrize(
     "env",
     [
@@ -74,8 +78,10 @@ def assert_same_step(a, b) -> None:
     ],
     ids=["v1", "time-limit", "sutton-barto"],
 )
-def test_arrays_step_as_the_envs_do_and_keep_their_state(env):
-    ours, reference = cartpoles(6, arrays=True, **env), cartpoles(6, **env)
+def test_the_accelerations_step_as_the_envs_do_and_keep_their_state(env, kind, n):
+    """As arrays, or in floats (the steps that end no episode; the others the envs' own): the same outputs and episodes
+    to the bit, and the same env state at any step, through falls, time limits and autoresets."""
+    ours, reference = cartpoles(n, **{kind: True}, **env), cartpoles(n, **env)
     rng, ends = np.random.default_rng(0), 0
     for t in range(3000):
         actions = balancing(reference.buffers["obs"], rng)
@@ -84,20 +90,21 @@ def test_arrays_step_as_the_envs_do_and_keep_their_state(env):
         ends += int(b.episodes.ended.sum())
         if t % 500 == 250:  # a checkpoint's state, at any step, is the reference's
             assert plain_state(ours) == plain_state(reference)
-    assert ends > 30 and (env or max(e.return_queue[-1] for e in reference.envs) == 500)
+    assert ends > 3 * n and (env or max(max(e.return_queue) for e in reference.envs) == 500)  # time limits too
 
 
-def test_semi_implicit_euler_and_a_restored_state_step_alike():
-    ours, reference = cartpoles(4, arrays=True), cartpoles(4)
+@pytest.mark.parametrize("kind, n", [("arrays", 4), ("floats", 2)])
+def test_semi_implicit_euler_and_a_restored_state_step_alike(kind, n):
+    ours, reference = cartpoles(n, **{kind: True}), cartpoles(n)
     for envs in (ours, reference):
         for e in envs.envs:
             e.unwrapped.kinematics_integrator = "semi-implicit euler"
     rng = np.random.default_rng(1)
     for t in range(1500):
         if t == 700:  # both restored to a third set of envs' state (as a resume does)
-            other = cartpoles(4, seed=99)
+            other = cartpoles(n, seed=99)
             for _ in range(30):
-                other.step(np.zeros(4, dtype=np.int64))
+                other.step(np.zeros(n, dtype=np.int64))
             state = other.get_env_state()
             ours.set_env_state(state)
             reference.set_env_state(state)
@@ -113,9 +120,9 @@ def test_what_the_arrays_do_not_take_is_left_to_the_envs():
     assert not coverable([make_env(EnvConfig(), train=True, render_mode="rgb_array")()])
     assert not coverable([make_env(EnvConfig(id="Acrobot-v1"), train=True)()])
     # An invalid action raises as the env's own step does (the arrays leave the step to it).
-    ours = cartpoles(4, arrays=True)
-    with pytest.raises(AssertionError, match="invalid"):
-        ours.step(np.array([0, 1, 2, 0]))
+    for ours in (cartpoles(4, arrays=True), cartpoles(2, floats=True)):
+        with pytest.raises(AssertionError, match="invalid"):
+            ours.step(np.array([0, 1, 2, 0][: ours.num_envs - 1] + [2]))
 
 
 def test_a_batch_of_seeds_at_once_steps_each_seed_as_its_own_envs():
@@ -175,19 +182,31 @@ def edit_cartpole(monkeypatch, edit: str) -> None:
     monkeypatch.setattr(CartPoleEnv, "reset" if edit == "reset" else "step", edits[edit])
 
 
-@pytest.mark.parametrize("edit, lines", [("physics", 1), ("last reward", 1), ("reset", 0)])
-def test_the_arrays_step_aside_when_gymnasiums_cartpole_differs(edit, lines, monkeypatch, caplog):
-    """An edit of what the arrays compute makes them say so in one line (on the first step, or on the first that ends
-    an episode), and from then on the run's envs step as the edited envs do; an edit of the reset needs no line:
-    the arrays reset each env by its own reset."""
+@pytest.mark.parametrize(
+    "kind, n, edit, lines",
+    [
+        ("arrays", 4, "physics", 1),
+        ("arrays", 4, "last reward", 1),
+        ("arrays", 4, "reset", 0),
+        ("floats", 1, "physics", 1),
+        ("floats", 1, "last reward", 0),
+        ("floats", 1, "reset", 0),
+    ],
+)
+def test_the_accelerations_step_aside_when_gymnasiums_cartpole_differs(kind, n, edit, lines, monkeypatch, caplog):
+    """An edit of what the arrays or the floats compute makes them say so in one line (on the first step, or for the
+    arrays on the first that ends an episode), and from then on the run's envs step as the edited envs do; an edit of
+    the reset needs no line (each env is reset by its own reset), nor for the floats one of the last reward (the steps
+    that end an episode are the envs' own)."""
     edit_cartpole(monkeypatch, edit)
     with caplog.at_level(logging.WARNING, logger="rlrun"):
-        ours, reference = cartpoles(4, arrays=True), cartpoles(4)
+        ours, reference = cartpoles(n, **{kind: True}), cartpoles(n)
         rng = np.random.default_rng(3)
         for _ in range(300):
-            actions = rng.integers(0, 2, 4)
+            actions = rng.integers(0, 2, n)
             assert_same_step(ours.step(actions), reference.step(actions))
-    assert len([r for r in caplog.records if LINE.fullmatch(r.getMessage())]) == lines
+    said = {"arrays": LINE, "floats": FLOATS_LINE}[kind]
+    assert len([r for r in caplog.records if said.fullmatch(r.getMessage())]) == lines
     assert plain_state(ours) == plain_state(reference)
 
 
@@ -199,65 +218,3 @@ def test_an_unedited_run_says_nothing(caplog):
     assert not [r for r in caplog.records if LINE.fullmatch(r.getMessage())]
     assert sum(e.episode_count for e in ours.envs) > 0
     assert env_state(ours.envs[0]) is not None
-
-
-FLOATS_LINE = re.compile(
-    r"CartPole stepped in floats differs from gymnasium's CartPoleEnv.step by .+: running the reference"
-)
-
-
-@pytest.mark.parametrize("n", [1, 3])
-@pytest.mark.parametrize(
-    "env",
-    [{}, {"max_episode_steps": 40}, {"kwargs": {"sutton_barto_reward": True}}],
-    ids=["v1", "time-limit", "sutton-barto"],
-)
-def test_floats_step_as_the_envs_do_and_keep_their_state(env, n):
-    """A few CartPoles stepped in floats (the steps that end no episode; the others the envs' own): the same outputs
-    and episodes to the bit, and the same env state at any step, through falls, time limits and autoresets."""
-    ours, reference = cartpoles(n, floats=True, **env), cartpoles(n, **env)
-    rng, ends = np.random.default_rng(0), 0
-    for t in range(3000):
-        actions = balancing(reference.buffers["obs"], rng)
-        a, b = ours.step(actions), reference.step(actions)
-        assert_same_step(a, b)
-        ends += int(b.episodes.ended.sum())
-        if t % 500 == 250:
-            assert plain_state(ours) == plain_state(reference)
-    assert ends > 3 and ours.run_command.active
-
-
-def test_floats_step_semi_implicit_euler_and_a_restored_state_alike():
-    ours, reference = cartpoles(2, floats=True), cartpoles(2)
-    for envs in (ours, reference):
-        for e in envs.envs:
-            e.unwrapped.kinematics_integrator = "semi-implicit euler"
-    rng = np.random.default_rng(1)
-    for t in range(1500):
-        if t == 700:  # both restored to a third set of envs' state (as a resume does)
-            other = cartpoles(2, seed=99)
-            for _ in range(5):
-                other.step(np.zeros(2, dtype=np.int64))
-            state = other.get_env_state()
-            ours.set_env_state(state)
-            reference.set_env_state(state)
-        actions = balancing(reference.buffers["obs"], rng)
-        assert_same_step(ours.step(actions), reference.step(actions))
-    with pytest.raises(AssertionError, match="invalid"):  # an invalid action is the env's own step's to refuse
-        ours.step(np.array([0, 2]))
-
-
-@pytest.mark.parametrize("edit, lines", [("physics", 1), ("last reward", 0), ("reset", 0)])
-def test_floats_step_aside_when_gymnasiums_cartpole_differs(edit, lines, monkeypatch, caplog):
-    """An edit of the physics makes the floats say so in one line on their first step, and from then on the envs step
-    as the edited envs do; the steps that end an episode, and resets, are the envs' own: their edits need no line."""
-    edit_cartpole(monkeypatch, edit)
-    with caplog.at_level(logging.WARNING, logger="rlrun"):
-        ours, reference = cartpoles(1, floats=True), cartpoles(1)
-        rng = np.random.default_rng(3)
-        for _ in range(300):
-            actions = rng.integers(0, 2, 1)
-            assert_same_step(ours.step(actions), reference.step(actions))
-    assert len([r for r in caplog.records if FLOATS_LINE.fullmatch(r.getMessage())]) == lines
-    assert ours.run_command.active == (lines == 0)
-    assert plain_state(ours) == plain_state(reference)
