@@ -74,7 +74,6 @@ class BatchedDQN(BatchedReplay):
         self.noises: list[Iterator[Noise]] = [iter(()) for _ in seeds]  # each seed's this collect (DQN.noise)
         self.load_seeds()
 
-    @torch.inference_mode()
     def collect(self, envs: list[VectorEnv], progress: float) -> list[dict[str, Any]]:
         """BatchedReplay.collect, each seed's exploration noise drawn at its start from the seed's generator, as its
         single run draws it (DQN.collect)."""
@@ -92,10 +91,7 @@ class BatchedDQN(BatchedReplay):
         actions = []
         for s, (a, g) in enumerate(zip(self.dqns, self.generators, strict=True)):
             a.epsilon = epsilon  # what it logs
-            noise = next(self.noises[s], None)
-            if noise is None:  # a step outside a collect
-                noise = next(a.draw_noise(1, self.N, g))
-            coins, picks = noise
+            coins, picks = a.step_noise(self.noises[s], self.N, g)
             actions.append(np.where(coins < epsilon, a.random_actions(obs[s], picks), greedy[s]))
         chosen = np.stack(actions)
         return chosen, chosen

@@ -165,7 +165,11 @@ class DQN(ReplayAlgorithm):
         coins, picks = noise
         return self.parts.epsilon_greedy(obs, coins < epsilon, self.random_actions(obs, picks))
 
-    @torch.inference_mode()
+    def step_noise(self, noise: Iterator[Noise], n: int, generator: torch.Generator | None = None) -> Noise:
+        """The next step's of a collect's `noise`, or (a step outside a collect) one step's of `n` envs drawn now."""
+        step = next(noise, None)
+        return next(self.draw_noise(1, n, generator)) if step is None else step
+
     def collect(self, envs: VectorEnv, progress: float = 0.0) -> dict[str, Any]:
         self.noise = self.draw_noise(self.cfg.train_freq, self.num_envs)
         return super().collect(envs, progress)
@@ -173,10 +177,7 @@ class DQN(ReplayAlgorithm):
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
         c = self.cfg
         self.epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction, progress)
-        noise = next(self.noise, None)
-        if noise is None:  # a step outside a collect
-            noise = next(self.draw_noise(1, len(obs)))
-        actions = self.epsilon_greedy(obs, self.epsilon, noise)
+        actions = self.epsilon_greedy(obs, self.epsilon, self.step_noise(self.noise, len(obs)))
         return actions, actions
 
     def wrap_learner(self, wrap: Wrap) -> None:

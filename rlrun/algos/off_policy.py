@@ -198,9 +198,7 @@ class ReplayAlgorithm:
         out = self.charts() | {"charts/updates": float(self.updates)}
         if steps:  # a stat's mean over the steps that made it; one transfer for all (not a device sync each)
             names = list(dict.fromkeys(k for s in steps for k in s))
-            if len(steps) == 1:  # (DQN's usual gradient_steps=1: no mean to take)
-                means = torch.stack([steps[0][k] for k in names]).tolist()
-            elif all(len(s) == len(names) for s in steps):  # every step made every stat: one stack, one mean
+            if all(len(s) == len(names) for s in steps):  # every step made every stat: one stack, one mean
                 stacked = torch.stack([s[k] for s in steps for k in names]).view(len(steps), len(names))
                 means = stacked.mean(0).tolist()
             else:

@@ -2,13 +2,19 @@
 
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from rlrun.algos.configs import DQNConfig
+from rlrun.algos.dqn import DQN
 from rlrun.algos.normalize import RunningMoments, normalize_advantages
 from rlrun.algos.ppo import clipped_surrogate_loss, value_loss
+from rlrun.algos.protocol import EnvSpec
 from rlrun.algos.returns import compute_gae, explained_variance
+from rlrun.config import EnvConfig, ModelConfig
+from rlrun.envs import env_spaces
 from rlrun.models import distributions as D
 
 
@@ -98,13 +104,6 @@ def test_normalize_advantages_and_explained_variance():
 def test_dqn_random_actions_are_uniform_over_the_legal_ones():
     """DQN's exploration picks each legal action alike and never an illegal one, with and without action masks (the
     masks end the observations, as rlrun encodes them); a collect's noise is drawn once and read a step at a time."""
-    import gymnasium as gym
-
-    from rlrun.algos.configs import DQNConfig
-    from rlrun.algos.dqn import DQN
-    from rlrun.algos.protocol import EnvSpec
-    from rlrun.config import EnvConfig, ModelConfig
-    from rlrun.envs import env_spaces
 
     def dqn(obs_space: gym.Space, actions: int) -> DQN:
         spec = EnvSpec(obs_space, gym.spaces.Discrete(actions), 4)
