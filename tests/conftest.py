@@ -258,6 +258,26 @@ def sac_batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+def continuous_run(algo: str, fast: bool, activation: str = "relu", updates=(1, 2, 3), **settings):
+    """SAC or TD3 on Pendulum-shaped batches of 16 (TD3: a policy step between delayed ones), updated at each of
+    `updates` from the same networks on the same batches and noise: (the algorithm, the accelerations applied).
+    `settings`: of the algorithm's config."""
+    from rlrun.algos import SACConfig, TD3Config, build_algo
+
+    torch.manual_seed(0)
+    config = SACConfig if algo == "sac" else TD3Config
+    cfg = config(fast=fast, batch_size=16, **settings)  # type: ignore[operator]
+    a = build_algo(cfg, ModelConfig(hidden_sizes=[16, 16], activation=activation), PENDULUM, torch.device("cpu"))
+    applied = accelerate(a, None)
+    a.sync_targets()
+    for step in updates:
+        a.updates = step
+        g = torch.Generator().manual_seed(step)
+        noise = torch.randn((1 + cfg.policy_frequency, 16, 1) if algo == "sac" else (16, 1), generator=g)
+        a.learn(sac_batch(16, seed=step), torch.ones(16), noise)
+    return a, applied
+
+
 def chi2_quantile(df: int, z: float = 3.09) -> float:
     """The 0.999 quantile of chi-square(df) (Wilson-Hilferty)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3

@@ -1,7 +1,7 @@
 """The parts SAC (sac.py) and TD3 (td3.py) are composed of, beside the replay they share with DQN (off_policy.py):
 actions in [-1, 1]^A inside the algorithm and scaled to the env's bounds outside it, uniform until updates start
-(ActionBounds); the twin critics' learner and its optimizer step (CriticLearner, step_critics); the networks' and
-optimizers' state (learner_state, load_learner_state).
+(ActionBounds); the twin critics' learner and its optimizer step (CriticLearner, reference_critic_step: a part an
+acceleration may replace, in CriticParts); the networks' and optimizers' state (learner_state, load_learner_state).
 
 Under DDP each optimizer's parameters have a learner of their own, wrapped on its own. The actor's loss reads Q
 through weights cut from autograd (TwinQ's detached=True), so it never sends gradients into the critics, whose
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm
-from rlrun.algos.parts import Optimizer
+from rlrun.algos.parts import MakeOptimizer, Optimizer
 from rlrun.algos.protocol import EnvSpec
 from rlrun.envs import check_action_space
 from rlrun.models.continuous import TwinQ
@@ -72,21 +73,47 @@ class CriticLearner(nn.Module):
         return loss, td.detach().abs().mean(0), q.detach()
 
 
-def step_critics(
-    learner: nn.Module,
-    optimizer: Optimizer,
-    batch: tuple[Tensor, Tensor, Tensor, Tensor],
-    name: str,
-    batch_size: int,
-) -> tuple[dict[str, Tensor], Tensor]:
-    """One optimizer step of the critics' learner on (obs, actions, targets, weights): (qf_loss and mean Q, |TD
-    errors|). `name` says whose loss a non-finite one is."""
-    loss, td_abs, q = learner(*batch)
-    require_finite(loss, f"the {name.upper()} critic loss")
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return {"qf_loss": loss.detach(), "q_values": q.sum() / (2 * batch_size)}, td_abs
+# One optimizer step of the twin critics: (obs, actions, targets, weights) -> (loss, |TD errors| [B], Q [2, B]), as
+# CriticLearner's outputs.
+CriticStep = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+
+
+class CriticsAlgorithm(Protocol):
+    """What the reference critic step reads of SAC or TD3, at each call: DDP wraps the learner after the parts are
+    made, and the optimizer is made on first use."""
+
+    cfg: Any  # its name, for the error of a non-finite loss
+    critic_learner: nn.Module
+    critic_optimizer: Optimizer
+
+
+def reference_critic_step(algo: CriticsAlgorithm) -> CriticStep:
+    """The critics' learner's loss, checked finite, then backward and the optimizer's step."""
+
+    def step(obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        loss, td_abs, q = algo.critic_learner(obs, actions, targets, weights)
+        require_finite(loss, f"the {algo.cfg.name.upper()} critic loss")
+        algo.critic_optimizer.zero_grad()
+        loss.backward()
+        algo.critic_optimizer.step()
+        return loss.detach(), td_abs, q
+
+    return step
+
+
+@dataclass
+class CriticParts:
+    """What an acceleration may replace in SAC and TD3 alike (rlrun/algos/parts.py): how their optimizers are made, and
+    the critics' step. SACParts (sac.py) and TD3Parts (td3.py) add each one's actor step."""
+
+    make_optimizer: MakeOptimizer
+    critic_step: CriticStep
+
+
+def critic_stats(step: tuple[Tensor, Tensor, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:
+    """(qf_loss and mean Q, |TD errors|) of a critic step's outputs."""
+    loss, td_abs, q = step
+    return {"qf_loss": loss, "q_values": q.sum() / (2 * batch_size)}, td_abs
 
 
 def learner_state(model: nn.Module, optimizers: dict[str, Optimizer]) -> dict[str, Any]:

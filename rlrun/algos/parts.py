@@ -5,7 +5,6 @@ fast/ replaces a field with a part of the same signature. Nothing else of an alg
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -40,11 +39,3 @@ def adam(lr: float, eps: float) -> MakeOptimizer:
     """torch.optim.Adam at this rate and epsilon, built when the algorithm first asks (torch.optim's first optimizer
     imports torch._dynamo, about a second: never, when an acceleration swaps in another first)."""
     return lambda params: torch.optim.Adam(params, lr=lr, eps=eps)
-
-
-@dataclass
-class OptimizerParts:
-    """An algorithm's gradient steps: how its optimizers are made, and how it clips gradients."""
-
-    make_optimizer: MakeOptimizer
-    clip_grad_norm_: ClipGradNorm = nn.utils.clip_grad_norm_

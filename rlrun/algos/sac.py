@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,10 +20,18 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import SACConfig
-from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
+from rlrun.algos.continuous import (
+    CriticLearner,
+    CriticParts,
+    critic_stats,
+    learner_state,
+    load_learner_state,
+    reference_critic_step,
+    replay_layout,
+)
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import Optimizer, OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
 from rlrun.models import trainable
@@ -59,6 +69,14 @@ class SACActorLearner(nn.Module):
         return actor_loss + alpha_loss, actor_loss.detach(), alpha_loss.detach(), entropy
 
 
+@dataclass
+class SACParts(CriticParts):
+    """The critics' parts (continuous.py) and the actor's and temperature's step: (obs, noise [B, A]) ->
+    SACActorLearner's (loss, actor loss, temperature loss, entropy), after their optimizers' steps (SAC.actor_step)."""
+
+    actor_step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
 class SACNetworks(nn.Module):
     """Every network SAC keeps (what evaluation acts with, checkpoints hold and the ranks' digests cover)."""
 
@@ -90,7 +108,8 @@ class SAC(ReplayAlgorithm):
         super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.model = nets = SACNetworks(obs_dim, self.bounds.dim, model_cfg, cfg).to(device)
         self.target_entropy = -float(self.bounds.dim) if cfg.target_entropy is None else cfg.target_entropy
-        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
+        # What an acceleration may replace:
+        self.parts = SACParts(adam(cfg.lr, cfg.adam_eps), reference_critic_step(self), self.actor_step)
         # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
         self.critic_learner: nn.Module = CriticLearner(nets.critic, cfg.batch_size, 0.5)
         self.actor_learner: nn.Module = SACActorLearner(nets.actor, nets.log_alpha, self.target_entropy, cfg.batch_size)
@@ -162,16 +181,19 @@ class SAC(ReplayAlgorithm):
             next_q = nets.critic_target(batch["next_obs"], next_actions).min(0).values
             alpha = nets.log_alpha.exp()
             targets = soft_q_targets(batch["returns"], batch["discount"], next_q, next_log_prob, alpha)
-        critic_batch = (obs, batch["actions"], targets, weights)
-        stats, td_abs = step_critics(self.critic_learner, self.critic_optimizer, critic_batch, c.name, c.batch_size)
+        stats, td_abs = critic_stats(self.parts.critic_step(obs, batch["actions"], targets, weights), c.batch_size)
         if self.updates % c.policy_frequency == 0:
             for k in range(c.policy_frequency):
-                stats |= self._actor_step(obs, noise[1 + k])
+                _, actor_loss, alpha_loss, entropy = self.parts.actor_step(obs, noise[1 + k])
+                stats |= {"actor_loss": actor_loss, "entropy": entropy, "charts/alpha": nets.log_alpha.detach().exp()}
+                if self.alpha_optimizer is not None:
+                    stats["alpha_loss"] = alpha_loss
         if self.updates % c.target_update_interval == 0:
             polyak_update(nets.critic_target, nets.critic, c.tau)
         return stats, td_abs
 
-    def _actor_step(self, obs: Tensor, noise: Tensor) -> dict[str, Tensor]:
+    def actor_step(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One optimizer step of the actor and of the temperature (when tuned) on their losses (SACActorLearner)."""
         loss, actor_loss, alpha_loss, entropy = self.actor_learner(obs, noise, self.model.critic)
         require_finite(loss, "the SAC actor loss")
         steps = [self.actor_optimizer] + ([self.alpha_optimizer] if self.alpha_optimizer is not None else [])
@@ -180,5 +202,4 @@ class SAC(ReplayAlgorithm):
         loss.backward()
         for optimizer in steps:
             optimizer.step()
-        stats = {"actor_loss": actor_loss, "entropy": entropy, "charts/alpha": self.model.log_alpha.detach().exp()}
-        return stats | ({"alpha_loss": alpha_loss} if self.alpha_optimizer is not None else {})
+        return loss.detach(), actor_loss, alpha_loss, entropy

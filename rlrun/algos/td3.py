@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,10 +19,18 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.configs import TD3Config
-from rlrun.algos.continuous import CriticLearner, learner_state, load_learner_state, replay_layout, step_critics
+from rlrun.algos.continuous import (
+    CriticLearner,
+    CriticParts,
+    critic_stats,
+    learner_state,
+    load_learner_state,
+    reference_critic_step,
+    replay_layout,
+)
 from rlrun.algos.finite import require_finite
 from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
-from rlrun.algos.parts import Optimizer, OptimizerParts, adam
+from rlrun.algos.parts import Optimizer, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
 from rlrun.models import trainable
@@ -44,6 +54,14 @@ class TD3ActorLearner(nn.Module):
     def forward(self, obs: Tensor, critic: TwinQ) -> Tensor:
         q: Tensor = critic(obs, self.actor(obs), detached=True, first=True)
         return -q.sum() / self.batch_size
+
+
+@dataclass
+class TD3Parts(CriticParts):
+    """The critics' parts (continuous.py) and the actor's step: (obs) -> its loss, after one optimizer step on it
+    (TD3.actor_step)."""
+
+    actor_step: Callable[[Tensor], Tensor]
 
 
 class TD3Networks(nn.Module):
@@ -76,7 +94,8 @@ class TD3(ReplayAlgorithm):
         self.bounds, obs_dtype, obs_dim = replay_layout(spec, cfg.name)
         super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.model = TD3Networks(obs_dim, self.bounds.dim, model_cfg).to(device)
-        self.parts = OptimizerParts(adam(cfg.lr, cfg.adam_eps))  # what an acceleration may replace
+        # What an acceleration may replace:
+        self.parts = TD3Parts(adam(cfg.lr, cfg.adam_eps), reference_critic_step(self), self.actor_step)
         # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
         self.critic_learner: nn.Module = CriticLearner(self.model.critic, cfg.batch_size, 1.0)
         self.actor_learner: nn.Module = TD3ActorLearner(self.model.actor, cfg.batch_size)
@@ -141,15 +160,19 @@ class TD3(ReplayAlgorithm):
             next_actions = smoothed_target_actions(nets.actor_target(next_obs), smoothing, c.target_noise_clip)
             next_q = nets.critic_target(next_obs, next_actions).min(0).values
             targets = batch["returns"] + batch["discount"] * next_q
-        critic_batch = (obs, batch["actions"], targets, weights)
-        stats, td_abs = step_critics(self.critic_learner, self.critic_optimizer, critic_batch, c.name, c.batch_size)
+        stats, td_abs = critic_stats(self.parts.critic_step(obs, batch["actions"], targets, weights), c.batch_size)
         if self.updates % c.policy_delay == 0:
-            actor_loss = self.actor_learner(obs, nets.critic)
-            require_finite(actor_loss, "the TD3 actor loss")
-            self.actor_optimizer.zero_grad()
-            actor_loss.backward()
-            self.actor_optimizer.step()
+            stats["actor_loss"] = self.parts.actor_step(obs)
             polyak_update(nets.critic_target, nets.critic, c.tau)
             polyak_update(nets.actor_target, nets.actor, c.tau)
-            stats["actor_loss"] = actor_loss.detach()
         return stats, td_abs
+
+    def actor_step(self, obs: Tensor) -> Tensor:
+        """One optimizer step of the actor on -Q_1(s, mu(s)) (the critics as they are after their step); its loss."""
+        actor_loss = self.actor_learner(obs, self.model.critic)
+        require_finite(actor_loss, "the TD3 actor loss")
+        self.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        self.actor_optimizer.step()
+        loss: Tensor = actor_loss.detach()
+        return loss

@@ -6,7 +6,8 @@ models/ never import this. With algo.fast=false none applies and the run is the 
 Two kinds. Layout-only ones run the reference code, placed or laid out differently: flat Adam (torch's Adam kernel on
 one buffer), channels-last frames, acting in env workers with copies of the real model. Math-rewriting ones compute the
 reference's math with other code: the fused PPO and DQN losses and the fused A2C unroll (hand-written gradients), PPO's
-and DQN's gradient steps in numpy (those gradients without autograd), numpy acting (a numpy forward). Those check
+and DQN's gradient steps in numpy (those gradients without autograd), SAC's and TD3's steps without autograd (their
+passes written out in torch), numpy acting (a numpy forward). Those check
 themselves against the reference at their first use in every process and step aside with one line when they differ
 (selfcheck.py), so an edit to algos/ or models/ is what trains."""
 
@@ -16,14 +17,17 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard, cast
 
 import torch
+from torch import nn
 
 from rlrun.algos.a2c import A2C, A2CParts, A2CUnroll
 from rlrun.algos.batched import BatchedAlgorithm
 from rlrun.algos.batched_ppo import BatchedPPO, BatchedPPOParts
+from rlrun.algos.continuous import CriticParts
 from rlrun.algos.dqn import DQN, DQNParts
-from rlrun.algos.parts import OptimizerParts
 from rlrun.algos.ppo import PPO, PPOLearner, PPOParts
 from rlrun.algos.protocol import Algorithm, VectorEnv
+from rlrun.algos.sac import SAC, SACParts
+from rlrun.algos.td3 import TD3, TD3Parts
 from rlrun.config import TrainConfig
 from rlrun.distributed import in_process_group
 from rlrun.envs import atari_config, make_env
@@ -35,6 +39,12 @@ from rlrun.fast.batched_numpy_policy import BatchedNumpyPolicy
 from rlrun.fast.cartpole_arrays import CartPoleArrays, coverable
 from rlrun.fast.cartpole_floats import CartPoleFloats
 from rlrun.fast.channels_last import ChannelsLast
+from rlrun.fast.continuous_steps import (
+    ActorStepWithoutAutograd,
+    CriticStepWithoutAutograd,
+    SACActorStepWithoutAutograd,
+    bare_mlp,
+)
 from rlrun.fast.flat_adam import FlatAdam, FlatAdams
 from rlrun.fast.fused_a2c import FusedA2CUnroll
 from rlrun.fast.fused_batched_ppo import FusedBatchedPPOLearner, fusable_batch
@@ -59,6 +69,7 @@ from rlrun.fast.selfcheck import (
 from rlrun.fast.stacked_adam import SeedsAdamStep
 from rlrun.fast.worker_acting import RayActing, WorkerActing
 from rlrun.models import ActorCritic, trainable
+from rlrun.models.continuous import DeterministicActor, GaussianActor, TwinQ
 from rlrun.models.encoders import NatureCNN
 
 
@@ -85,12 +96,8 @@ def _accelerate_one(algo: Algorithm, parts: object, cfg: Any, envs: VectorEnv) -
         return _accelerate_a2c(algo, parts)
     if isinstance(parts, DQNParts) and isinstance(algo, DQN):
         return _accelerate_dqn(algo, parts)
-    if isinstance(parts, OptimizerParts):
-        # SAC, TD3: parameters and gradients in one flat buffer per optimizer, so zeroing, clipping and the Adam
-        # step are a few calls for the whole network. (Losses with hand-written gradients, as PPO's, were tried for
-        # SAC and measured no faster: at its sizes the update is its matrix products, not operator overhead.)
-        _flat_adam(parts, cfg.lr, cfg.adam_eps)
-        return ["flat Adam"]
+    if isinstance(parts, CriticParts) and isinstance(algo, (SAC, TD3)):
+        return _accelerate_continuous(algo, parts)
     return []
 
 
@@ -154,7 +161,7 @@ def _accelerate_ppo(algo: PPO, parts: PPOParts, envs: VectorEnv) -> list[str]:
         # PPO.minibatch_step on the first minibatch.
         step = NumpyPPOStep(parts.learner, optimizer, parts.minibatch_step)
         names = ("minibatch step in numpy", "algos/ppo.py (PPO.minibatch_step)")
-        parts.minibatch_step = CheckedStep(step, parts.minibatch_step, optimizer, names)
+        parts.minibatch_step = CheckedStep(step, parts.minibatch_step, [optimizer], names)
         applied.append("minibatch step in numpy")
     if cpu and fused is not None:
         # Acting for a vector step in numpy on views of the live weights: a numpy call costs a fraction of a torch
@@ -199,8 +206,55 @@ def _accelerate_dqn(algo: DQN, parts: DQNParts) -> list[str]:
         # Adam's buffer, clipped, stepped. One process only. Checked against DQN.gradient_step on the first update.
         step = NumpyDQNStep(parts.learner, optimizer, c.max_grad_norm, parts.gradient_step)
         names = ("gradient step in numpy", "algos/dqn.py (DQN.gradient_step)")
-        parts.gradient_step = CheckedStep(step, parts.gradient_step, optimizer, names)
+        parts.gradient_step = CheckedStep(step, parts.gradient_step, [optimizer], names)
         applied.append("gradient step in numpy")
+    return applied
+
+
+def _accelerate_continuous(algo: SAC | TD3, parts: CriticParts) -> list[str]:
+    c, critic = algo.cfg, algo.model.critic
+    assert isinstance(critic, TwinQ)  # (an nn.Module attribute, to mypy)
+    # Parameters and gradients in one flat buffer per optimizer, so zeroing and the Adam step are a few calls for a
+    # whole network.
+    _flat_adam(parts, c.lr, c.adam_eps)
+    critic_optimizer = algo.critic_optimizer  # built now: the steps below write into its buffers
+    applied = ["flat Adam"]
+    if in_process_group() or algo.device.type != "cpu" or not isinstance(critic_optimizer, FlatAdam):
+        return applied  # DDP averages the ranks' gradients in autograd's backward, which these steps do not run
+    if all(bare_mlp(net) for net in critic.critics):
+        # The critics' forward and backward without autograd, on buffers allocated once, gradients written into flat
+        # Adam's buffer: at 256-wide layers an update is its matrix products, and much of the rest is autograd's graph,
+        # the outputs it allocates and the gradients it accumulates and zeroes. Checked against the reference step on
+        # the first update.
+        names = ("critic step without autograd", "algos/continuous.py (reference_critic_step)")
+        scale = 0.5 if isinstance(algo, SAC) else 1.0  # SB3's: SAC halves the squared errors, TD3 does not
+        fast = CriticStepWithoutAutograd(critic, critic_optimizer, scale, c.batch_size, c.name)
+        parts.critic_step = CheckedStep(fast, parts.critic_step, [critic_optimizer], names)
+        applied.append("critic step without autograd")
+    actor_optimizer = algo.actor_optimizer
+    actor = algo.model.actor
+    if isinstance(parts, SACParts) and isinstance(algo, SAC) and isinstance(actor, GaussianActor):
+        alpha_optimizer, log_alpha = algo.alpha_optimizer, algo.model.log_alpha
+        flat = all(isinstance(o, FlatAdam) for o in (actor_optimizer, alpha_optimizer) if o is not None)
+        if flat and bare_mlp(actor.net) and all(bare_mlp(net) for net in critic.critics):
+            # As the critics': the actor's and temperature's losses through the smaller critic, tanh and the
+            # reparameterized log-density, without autograd. Checked against SAC.actor_step on the first update.
+            assert isinstance(log_alpha, nn.Parameter) and isinstance(actor_optimizer, FlatAdam)
+            optimizers = (actor_optimizer, cast(FlatAdam | None, alpha_optimizer))
+            names = ("actor step without autograd", "algos/sac.py (SAC.actor_step)")
+            temperature = (log_alpha, algo.target_entropy)
+            fast_sac = SACActorStepWithoutAutograd(actor, critic, *temperature, c.batch_size, optimizers)
+            checked = [o for o in optimizers if o is not None]
+            parts.actor_step = CheckedStep(fast_sac, parts.actor_step, checked, names)
+            applied.append("actor step without autograd")
+    if isinstance(parts, TD3Parts) and isinstance(actor, DeterministicActor) and isinstance(actor_optimizer, FlatAdam):
+        if bare_mlp(actor.net) and bare_mlp(critic.critics[0]):
+            # As the critics': the actor's loss through the first critic and tanh, without autograd. Checked against
+            # TD3.actor_step on the first update.
+            names = ("actor step without autograd", "algos/td3.py (TD3.actor_step)")
+            fast_actor = ActorStepWithoutAutograd(actor, critic, actor_optimizer, c.batch_size)
+            parts.actor_step = CheckedStep(fast_actor, parts.actor_step, [actor_optimizer], names)
+            applied.append("actor step without autograd")
     return applied
 
 
@@ -246,10 +300,12 @@ def _accelerate_seeds(batch: BatchedPPO, parts: BatchedPPOParts, envs: Sequence[
     return applied
 
 
-def _flat_adam(parts: PPOParts | OptimizerParts | DQNParts, lr: float, eps: float) -> None:
-    """The parts' optimizers FlatAdam, and their gradient clipping on its flat gradient."""
+def _flat_adam(parts: PPOParts | CriticParts | DQNParts, lr: float, eps: float) -> None:
+    """The parts' optimizers FlatAdam, and their gradient clipping (SAC and TD3 clip none) on its flat gradient."""
     adams = FlatAdams(lr, eps)
-    parts.make_optimizer, parts.clip_grad_norm_ = adams.make, adams.clip_grad_norm_
+    parts.make_optimizer = adams.make
+    if not isinstance(parts, CriticParts):
+        parts.clip_grad_norm_ = adams.clip_grad_norm_
 
 
 def _frames_cnn(algo: PPO | A2C) -> bool:

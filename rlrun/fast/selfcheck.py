@@ -1,11 +1,12 @@
 """The self-check of the accelerations that re-write the math (the fused PPO and DQN losses, DQN's fused targets, the
-fused A2C unroll, PPO's and DQN's gradient steps in numpy, numpy acting, and their counterparts for a batch of PPO
-seeds): at its first use in a process (a run's first update or first act, and so again after every resume), each runs
-beside the reference part it replaces on the same inputs and compares what comes out. Beyond TOLERANCE it steps aside
-for the rest of the run, with one log line naming it and the size of the difference, and the reference runs, so an
-edit to algos/ or models/ is what trains. A check that passes changes nothing: it draws no random numbers (acting
-restores torch's generator; a gradient step's check puts the parameters and the optimizer's state back before the
-fast step) and the accelerated part's results are the ones used, computed as without the check."""
+fused A2C unroll, PPO's and DQN's gradient steps in numpy, SAC's and TD3's steps without autograd, numpy acting, and
+their counterparts for a batch of PPO seeds): at its first use in a process (a run's first update or first act, and so
+again after every resume), each runs beside the reference part it replaces on the same inputs and compares what comes
+out. Beyond TOLERANCE it steps aside for the rest of the run, with one log line naming it and the size of the
+difference, and the reference runs, so an edit to algos/ or models/ is what trains. A check that passes changes nothing:
+it draws no random numbers (acting restores torch's generator; a gradient step's check puts the parameters and the
+optimizer's state back before the fast step) and the accelerated part's results are the ones used, computed as without
+the check."""
 
 from __future__ import annotations
 
@@ -305,16 +306,21 @@ class CheckedNoise:
 
 
 class CheckedStep:
-    """A gradient step without autograd (numpy_steps.py: PPO's MinibatchStep, DQN's GradientStep), checked against the
-    reference step on the first call: both step from the same parameters and optimizer state, and what each returns
-    and the gradients each leaves in the optimizer's flat buffer (PPO's advantages normalized, clipped) must agree. The
-    fast step's results are kept; if they differ, the reference's, and the reference steps for the rest of the run.
-    (The loss itself is the fused loss's check, on the same first inputs, inside the reference step.)"""
+    """A gradient step without autograd (numpy_steps.py: PPO's MinibatchStep, DQN's GradientStep; continuous_steps.py:
+    SAC's and TD3's steps), checked against the reference step on the first call: both step from the same parameters
+    and optimizers' states, and what each returns and the gradients each leaves in its optimizers' flat buffers (PPO's
+    advantages normalized, clipped) must agree. The fast step's results are kept; if they differ, the reference's, and
+    the reference steps for the rest of the run. (A fused loss is its own check, on the same first inputs, inside the
+    reference step.)"""
 
     def __init__(
-        self, fast: Callable[..., Any], reference: Callable[..., Any], optimizer: FlatAdam, names: tuple[str, str]
+        self,
+        fast: Callable[..., Any],
+        reference: Callable[..., Any],
+        optimizers: Sequence[FlatAdam],
+        names: tuple[str, str],
     ):
-        self.fast, self.reference, self.optimizer = fast, reference, optimizer
+        self.fast, self.reference, self.optimizers = fast, reference, optimizers
         self.NAME, self.REFERENCE = names
         self.active, self.checked = fast, False
 
@@ -322,8 +328,7 @@ class CheckedStep:
         if self.checked:
             return self.active(*args)
         self.checked = True
-        opt = self.optimizer
-        buffers = (opt.params, opt.grads, opt.exp_avg, opt.exp_avg_sq, opt.steps)
+        buffers = [t for o in self.optimizers for t in (o.params, o.grads, o.exp_avg, o.exp_avg_sq, o.steps)]
         before = [t.clone() for t in buffers]
         # (PPO's reference step writes the normalized advantages into its minibatch: it gets a copy of the dict)
         expected = self.reference(*(dict(a) if isinstance(a, dict) else a for a in args))
@@ -331,9 +336,10 @@ class CheckedStep:
         for t, s in zip(buffers, before, strict=True):
             t.copy_(s)
         ours = self.fast(*args)
-        outputs = max(difference(a, b) for a, b in zip(_tensors(ours), _tensors(expected), strict=True))
-        grads, expected_grads = flat_views(opt.grads, opt.owned), flat_views(after[1], opt.owned)
-        diff = max(outputs, gradient_difference(grads, expected_grads))
+        diff = max(difference(a, b) for a, b in zip(_tensors(ours), _tensors(expected), strict=True))
+        for i, o in enumerate(self.optimizers):
+            expected_grads = flat_views(after[5 * i + 1], o.owned)
+            diff = max(diff, gradient_difference(flat_views(o.grads, o.owned), expected_grads))
         if steps_aside(self.NAME, self.REFERENCE, diff):
             self.active = self.reference
             for t, s in zip(buffers, after, strict=True):

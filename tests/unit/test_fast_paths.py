@@ -18,6 +18,7 @@ from rlrun.algos.protocol import EnvSpec
 from rlrun.buffers.rollout import take_rows
 from rlrun.config import AtariConfig, EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
+from rlrun.errors import NonFiniteError
 from rlrun.fast import accelerate
 from rlrun.fast.flat_adam import FlatAdam
 from rlrun.fast.fused_ppo import FusedPPOLearner, FusedPPOLoss, fusable, fused_params
@@ -25,6 +26,7 @@ from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_ppo import NumpyPPOLoss
 from rlrun.models import build_actor_critic
 from rlrun.models import distributions as D
+from tests.conftest import continuous_run, sac_batch
 
 OBS = gym.spaces.Box(-1, 1, (5,))
 
@@ -381,36 +383,50 @@ def test_fused_a2c_unroll_equals_the_reference_unroll(env_id, activation, norm_a
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "algo, activation, settings",
+    [
+        ("sac", "relu", {}),
+        ("sac", "relu", {"autotune": False, "alpha": 0.2}),  # no temperature step
+        ("sac", "relu", {"policy_frequency": 2}),  # two actor steps every second update
+        ("sac", "tanh", {}),
+        ("td3", "relu", {}),
+        ("td3", "tanh", {}),
+    ],
+)
+def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activation, settings, caplog):
+    """Three updates with flat Adam, and for ReLU networks the steps without autograd (checked on the first update,
+    alone on the next two), against torch.optim.Adam and autograd."""
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        runs = [continuous_run(algo, fast, activation, **settings) for fast in (False, True)]
+    assert not caplog.records  # no acceleration stepped aside: the last two updates ran them alone
+    steps = ["critic step without autograd", "actor step without autograd"]
+    assert [applied for _, applied in runs] == [[], ["flat Adam"] + (steps if activation == "relu" else [])]
+    (reference, _), (fast, _) = runs
+    for name, value in reference.model.state_dict().items():
+        torch.testing.assert_close(fast.model.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    states = reference.learner_state(), fast.learner_state()
+    for key in (k for k in states[0] if k.endswith("_optimizer")):  # the fast optimizers' state resumes the reference
+        torch.testing.assert_close(states[1][key]["state"], states[0][key]["state"], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-@pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activation):
-    """Three updates (TD3: a policy step between delayed ones) with flat Adam against torch.optim.Adam, from the same
-    networks on the same batches and noise."""
-    from rlrun.algos import SACConfig, TD3Config, build_algo
-    from tests.conftest import PENDULUM, sac_batch
-
-    net = ModelConfig(hidden_sizes=[16, 16], activation=activation)
-
-    states, applied = [], []
-    for fast in (False, True):
-        torch.manual_seed(0)
-        cfg = SACConfig(fast=fast, batch_size=16) if algo == "sac" else TD3Config(fast=fast, batch_size=16)
-        a = build_algo(cfg, net, PENDULUM, torch.device("cpu"))
-        applied.append(accelerate(a, None))
-        a.sync_targets()
-        for step in (1, 2, 3):
-            a.updates = step
-            g = torch.Generator().manual_seed(step)
-            noise = torch.randn((2, 16, 1) if algo == "sac" else (16, 1), generator=g)
-            a.learn(sac_batch(16, seed=step), torch.ones(16), noise)
-        states.append((a.model.state_dict(), a.learner_state()))
-    assert applied == [[], ["flat Adam"]]
-    for name, value in states[0][0].items():
-        torch.testing.assert_close(states[1][0][name], value, rtol=1e-5, atol=1e-6, msg=name)
-    for key in (
-        k for k in states[0][1] if k.endswith("_optimizer")
-    ):  # the fast optimizers' state resumes the reference
-        torch.testing.assert_close(states[1][1][key]["state"], states[0][1][key]["state"], rtol=1e-5, atol=1e-6)
+def test_a_non_finite_critic_loss_stops_the_step_without_autograd_before_it_steps(algo):
+    """After the checked first update, a NaN target raises the reference's error from the step without autograd,
+    and neither the critics nor their optimizer's state move."""
+    a, applied = continuous_run(algo, fast=True)
+    assert "critic step without autograd" in applied
+    before = [t.clone() for t in a.critic_optimizer.state_dict()["state"][0].values()]
+    weights = [p.detach().clone() for p in a.model.critic.parameters()]
+    batch = sac_batch(16, seed=9)
+    batch["returns"][3] = float("nan")
+    a.updates = 4
+    with pytest.raises(NonFiniteError, match=f"the {algo.upper()} critic loss is NaN"):
+        a.learn(batch, torch.ones(16), torch.zeros((2, 16, 1) if algo == "sac" else (16, 1)))
+    for p, w in zip(a.model.critic.parameters(), weights, strict=True):
+        assert torch.equal(p, w)
+    after = a.critic_optimizer.state_dict()["state"][0].values()
+    assert all(torch.equal(x, y) for x, y in zip(after, before, strict=True))
 
 
 def q_network(activation: str = "relu", hidden_sizes=(24, 16), seed: int = 0, **kwargs):

@@ -1,9 +1,9 @@
 """The accelerations that re-write the math (fused PPO and DQN losses, DQN's fused targets, fused A2C unroll, PPO's and
-DQN's gradient steps in numpy, numpy acting) check themselves against the reference at their first use
-(rlrun/fast/selfcheck.py): a researcher's edit to algos/ or models/, simulated here by replacing the reference function
-or class in-process as an edit of the file would, makes the run say which one stepped aside and train what the reference
-path (algo.fast=false) trains; an unedited run says nothing and equals, bit for bit, the run of the same accelerations
-without their checks."""
+DQN's gradient steps in numpy, SAC's and TD3's steps without autograd, numpy acting) check themselves against the
+reference at their first use (rlrun/fast/selfcheck.py): a researcher's edit to algos/ or models/, simulated here by
+replacing the reference function or class in-process as an edit of the file would, makes the run say which one stepped
+aside and train what the reference path (algo.fast=false) trains; an unedited run says nothing and equals, bit for bit,
+the run of the same accelerations without their checks."""
 
 import logging
 import re
@@ -16,8 +16,11 @@ from torch import nn
 
 from rlrun.algos import A2CConfig, PPOConfig, batched_ppo, build_algo
 from rlrun.algos import a2c as a2c_module
+from rlrun.algos import continuous as continuous_module
 from rlrun.algos import dqn as dqn_module
 from rlrun.algos import ppo as ppo_module
+from rlrun.algos import sac as sac_module
+from rlrun.algos import td3 as td3_module
 from rlrun.algos.protocol import EnvSpec
 from rlrun.config import EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
@@ -27,7 +30,7 @@ from rlrun.models import distributions as D
 from rlrun.models import encoders
 from rlrun.models import q_network as q_network_module
 from rlrun.models.encoders import TwinMLP
-from tests.conftest import ppo_batch
+from tests.conftest import continuous_run, ppo_batch
 
 LINE = re.compile(r"(.+) differs from (.+) by (\d\.\de[-+]\d\d): running the reference")
 PPO_SMALL = PPOConfig(num_steps=32, num_minibatches=2, update_epochs=2)
@@ -342,3 +345,45 @@ def test_rollout_noise_that_would_draw_otherwise_steps_aside(caplog):
     copies = [torch.Generator().manual_seed(s) for s in range(2)]
     assert torch.equal(noise, draw_noise(copies, "categorical", (5, 3, 2), cpu))
     assert all(torch.equal(g.get_state(), c.get_state()) for g, c in zip(generators, copies))
+
+
+def huber_critic_loss(self, obs, actions, targets, weights):
+    """CriticLearner.forward as a researcher might edit it: Huber errors instead of squared ones."""
+    q = self.critic(obs, actions)
+    errors = nn.functional.huber_loss(q, targets.expand_as(q), reduction="none")
+    loss = self.scale * (weights * errors.sum(0)).sum() / self.batch_size
+    return loss, (q - targets).detach().abs().mean(0), q.detach()
+
+
+def first_q_sac_actor_loss(self, obs, noise, critic):
+    """SACActorLearner.forward edited to read the first critic only, as TD3's actor does."""
+    actions, log_prob = self.actor(obs, noise)
+    q = critic(obs, actions, detached=True)[0]
+    actor_loss = (self.log_alpha.detach().exp() * log_prob - q).sum() / self.batch_size
+    alpha_loss = sac_module.temperature_loss(self.log_alpha, log_prob, self.target_entropy, self.batch_size)
+    return actor_loss + alpha_loss, actor_loss.detach(), alpha_loss.detach(), -log_prob.detach().sum() / self.batch_size
+
+
+def min_q_actor_loss(self, obs, critic):
+    """TD3ActorLearner.forward edited to read the smaller of the two critics, as SAC's actor does."""
+    return -critic(obs, self.actor(obs), detached=True).min(0).values.sum() / self.batch_size
+
+
+@pytest.mark.parametrize(
+    "algo, edit, expected",
+    [
+        ("sac", (continuous_module.CriticLearner, "forward", huber_critic_loss), "critic step without autograd"),
+        ("td3", (continuous_module.CriticLearner, "forward", huber_critic_loss), "critic step without autograd"),
+        ("sac", (sac_module.SACActorLearner, "forward", first_q_sac_actor_loss), "actor step without autograd"),
+        ("td3", (td3_module.TD3ActorLearner, "forward", min_q_actor_loss), "actor step without autograd"),
+    ],
+)
+def test_an_edited_sac_or_td3_loss_is_what_trains(algo, edit, expected, monkeypatch, caplog):
+    monkeypatch.setattr(*edit)
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        fast, applied = continuous_run(algo, fast=True)
+    lines = stepped_aside(caplog)
+    assert set(lines) == {expected} and expected in applied and all(d > 1e-4 for d in lines.values()), lines
+    reference, _ = continuous_run(algo, fast=False)
+    for name, value in reference.model.state_dict().items():
+        torch.testing.assert_close(fast.model.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
