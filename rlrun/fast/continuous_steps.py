@@ -24,7 +24,8 @@ from rlrun.models.continuous import (
 
 def bare_mlp(net: nn.Module) -> bool:
     """Whether `net` is one of rlrun's MLPs (models/continuous.py's mlp) with ReLUs: Linear layers with a ReLU between
-    each two, and no other module or parameter, which is all the passes below compute."""
+    each two, and no other module or parameter, which is all the passes below compute; all trained (a frozen layer's
+    weights have no gradient buffer to write into)."""
     layers = list(net.children()) if isinstance(net, nn.Sequential) else []
     kinds = [type(m) for m in layers]
     return (
@@ -32,6 +33,7 @@ def bare_mlp(net: nn.Module) -> bool:
         and kinds[0::2] == [nn.Linear] * (len(layers) // 2 + 1)
         and kinds[1::2] == [nn.ReLU] * (len(layers) // 2)
         and all(m.bias is not None for m in layers[0::2])
+        and all(p.requires_grad for p in net.parameters())
     )
 
 

@@ -26,7 +26,7 @@ from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_ppo import NumpyPPOLoss
 from rlrun.models import build_actor_critic
 from rlrun.models import distributions as D
-from tests.conftest import continuous_run, sac_batch
+from tests.conftest import PENDULUM, continuous_run, sac_batch
 
 OBS = gym.spaces.Box(-1, 1, (5,))
 
@@ -427,6 +427,20 @@ def test_a_non_finite_critic_loss_stops_the_step_without_autograd_before_it_step
         assert torch.equal(p, w)
     after = a.critic_optimizer.state_dict()["state"][0].values()
     assert all(torch.equal(x, y) for x, y in zip(after, before, strict=True))
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_a_frozen_layer_keeps_the_reference_steps(algo):
+    """A critic layer frozen in models/ (requires_grad off: flat Adam holds no gradient for it) keeps autograd's
+    steps."""
+    from rlrun.algos import SACConfig, TD3Config, build_algo
+
+    config = SACConfig if algo == "sac" else TD3Config
+    a = build_algo(config(batch_size=16), ModelConfig(hidden_sizes=[16, 16]), PENDULUM, torch.device("cpu"))
+    a.model.critic.critics[0][0].requires_grad_(False)
+    assert accelerate(a, None) == ["flat Adam"]
+    a.updates = 1
+    a.learn(sac_batch(16), torch.ones(16))
 
 
 def q_network(activation: str = "relu", hidden_sizes=(24, 16), seed: int = 0, **kwargs):
