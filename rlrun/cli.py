@@ -4,6 +4,7 @@ calls down."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -21,7 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, validate_play
 from rlrun.errors import Fault, FolderHeld, Interrupted, NonFiniteError, NothingToDo, UserError
-from rlrun.training.signals import TorchLoadsHeld, quiet_lost_signals, raise_from_handler, raise_missed
+from rlrun.training.signals import (
+    TorchLoadsHeld,
+    exit_at_once_on_a_further_signal,
+    ignore_stops_after_exit_handlers,
+    quiet_lost_signals,
+    raise_from_handler,
+    raise_missed,
+)
 
 COMMANDS = {
     "train": "train an agent:  rlrun train algo=ppo env=breakout seed=3 [key=value ...]",
@@ -215,6 +223,7 @@ def _end_interrupted(signum: int) -> NoReturn:
     before training (submitit's requeues the job), or SIGUSR1's default."""
     if signum in (signal.SIGUSR1, signal.SIGUSR2):
         os.kill(os.getpid(), signum)
+    exit_at_once_on_a_further_signal(128 + signum)  # not killed by a second Ctrl-C while Python finalizes
     sys.exit(128 + signum)
 
 
@@ -329,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     from rlrun.job_env import launched_externally
 
     signal.signal(signal.SIGINT, _interrupted)  # not Python's own: see Interrupted
+    atexit.register(ignore_stops_after_exit_handlers)  # first, so it runs after the exit handlers registered later
     quiet_lost_signals()
     sys.meta_path.insert(0, TorchLoadsHeld())
     # SIGTERM at start-up as Ctrl-C: one line, and the run folder let go (it ended the process at once, silently,

@@ -109,6 +109,32 @@ def _deliver(handler: Any, signum: int) -> None:
         _raised = e
 
 
+_exiting_with: int | None = None  # the code a process ends with after a signal stopped its run
+
+
+def exit_at_once_on_a_further_signal(code: int) -> None:
+    """For a process about to exit with `code` after a signal stopped its run (its checkpoint, summary and last line
+    written, its folders let go): a further SIGINT or SIGTERM (a second Ctrl-C right after the first) ends it at once
+    with the same code while it unwinds and runs its exit handlers, and is ignored after them. Python's finalization
+    resets a handler of its own to the default, which would end the process as killed by the signal instead."""
+    global _exiting_with
+    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's to change
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _exiting_with = code
+    for s in _STOPS:
+        signal.signal(s, lambda signum, frame: os._exit(code))
+
+
+def ignore_stops_after_exit_handlers() -> None:
+    """An exit handler for the CLI to register first, so that it runs after the others (exit_at_once_on_a_further_signal
+    says why)."""
+    if _exiting_with is not None:
+        for s in _STOPS:
+            signal.signal(s, signal.SIG_IGN)
+
+
 class StopNow(KeyboardInterrupt):
     """A second signal: stop at once, wherever the run is (the summary is still written)."""
 
