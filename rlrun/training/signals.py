@@ -128,8 +128,8 @@ def exit_at_once_on_a_further_signal(code: int) -> None:
 
 
 def ignore_stops_after_exit_handlers() -> None:
-    """An exit handler for the CLI to register first, so that it runs after the others (exit_at_once_on_a_further_signal
-    says why)."""
+    """An exit handler the CLI registers at its start, so that it runs after those registered later (torch's, the
+    trackers'): exit_at_once_on_a_further_signal says why."""
     if _exiting_with is not None:
         for s in _STOPS:
             signal.signal(s, signal.SIG_IGN)
