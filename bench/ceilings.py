@@ -80,7 +80,7 @@ class Mlp:
 
 
 def flat_adam(size: int) -> Callable[[], None]:
-    params, grads, m, v, step = (torch.zeros(size) for _ in range(5))
+    params, grads, m, v = (torch.zeros(size) for _ in range(4))
     step = torch.zeros(())
 
     def adam() -> None:

@@ -266,7 +266,7 @@ def continuous_run(algo: str, fast: bool, activation: str = "relu", updates=(1, 
 
     torch.manual_seed(0)
     config = SACConfig if algo == "sac" else TD3Config
-    cfg = config(fast=fast, batch_size=16, **settings)  # type: ignore[operator]
+    cfg = config(fast=fast, batch_size=16, **settings)
     a = build_algo(cfg, ModelConfig(hidden_sizes=[16, 16], activation=activation), PENDULUM, torch.device("cpu"))
     applied = accelerate(a, None)
     a.sync_targets()

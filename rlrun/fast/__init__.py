@@ -221,7 +221,8 @@ def _accelerate_continuous(algo: SAC | TD3, parts: CriticParts) -> list[str]:
     applied = ["flat Adam"]
     if in_process_group() or algo.device.type != "cpu" or not isinstance(critic_optimizer, FlatAdam):
         return applied  # DDP averages the ranks' gradients in autograd's backward, which these steps do not run
-    if all(bare_mlp(net) for net in critic.critics):
+    critics_bare = all(bare_mlp(net) for net in critic.critics)
+    if critics_bare:
         # The critics' forward and backward without autograd, on buffers allocated once, gradients written into flat
         # Adam's buffer: at 256-wide layers an update is its matrix products, and much of the rest is autograd's graph,
         # the outputs it allocates and the gradients it accumulates and zeroes. Checked against the reference step on
@@ -235,17 +236,16 @@ def _accelerate_continuous(algo: SAC | TD3, parts: CriticParts) -> list[str]:
     actor = algo.model.actor
     if isinstance(parts, SACParts) and isinstance(algo, SAC) and isinstance(actor, GaussianActor):
         alpha_optimizer, log_alpha = algo.alpha_optimizer, algo.model.log_alpha
-        flat = all(isinstance(o, FlatAdam) for o in (actor_optimizer, alpha_optimizer) if o is not None)
-        if flat and bare_mlp(actor.net) and all(bare_mlp(net) for net in critic.critics):
+        optimizers = [o for o in (actor_optimizer, alpha_optimizer) if o is not None]
+        if critics_bare and bare_mlp(actor.net) and all(isinstance(o, FlatAdam) for o in optimizers):
             # As the critics': the actor's and temperature's losses through the smaller critic, tanh and the
             # reparameterized log-density, without autograd. Checked against SAC.actor_step on the first update.
             assert isinstance(log_alpha, nn.Parameter) and isinstance(actor_optimizer, FlatAdam)
-            optimizers = (actor_optimizer, cast(FlatAdam | None, alpha_optimizer))
             names = ("actor step without autograd", "algos/sac.py (SAC.actor_step)")
             temperature = (log_alpha, algo.target_entropy)
-            fast_sac = SACActorStepWithoutAutograd(actor, critic, *temperature, c.batch_size, optimizers)
-            checked = [o for o in optimizers if o is not None]
-            parts.actor_step = CheckedStep(fast_sac, parts.actor_step, checked, names)
+            steps = (actor_optimizer, cast(FlatAdam | None, alpha_optimizer))
+            fast_sac = SACActorStepWithoutAutograd(actor, critic, *temperature, c.batch_size, steps)
+            parts.actor_step = CheckedStep(fast_sac, parts.actor_step, cast(list[FlatAdam], optimizers), names)
             applied.append("actor step without autograd")
     if isinstance(parts, TD3Parts) and isinstance(actor, DeterministicActor) and isinstance(actor_optimizer, FlatAdam):
         if bare_mlp(actor.net) and bare_mlp(critic.critics[0]):

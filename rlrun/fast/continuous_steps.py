@@ -84,6 +84,11 @@ class BareMLP:
         return grad
 
 
+def twin_q(critics: list[BareMLP], x: Tensor) -> Tensor:
+    """TwinQ's Q-values [2, B] of its critics' bare passes on x = (obs, actions) [B, D + A]."""
+    return torch.cat([critic.forward(x) for critic in critics], -1).t()
+
+
 class CriticStepWithoutAutograd:
     """CriticStep (continuous.py): CriticLearner's loss, scale x sum_k sum_i w_i (Q_k(s_i, a_i) - y_i)^2 / batch_size,
     its gradient d loss / d Q_k(s_i, a_i) = 2 scale w_i (Q_k - y_i) / batch_size taken back through both critics, and
@@ -96,7 +101,7 @@ class CriticStepWithoutAutograd:
     @torch.no_grad()
     def __call__(self, obs: Tensor, actions: Tensor, targets: Tensor, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x = torch.cat([obs.flatten(1).float(), actions], -1)
-        q = torch.cat([critic.forward(x) for critic in self.critics], -1).t()
+        q = twin_q(self.critics, x)
         td = q - targets
         loss = self.scale * (weights * td.square().sum(0)).sum() / self.batch_size
         require_finite(loss, f"the {self.name.upper()} critic loss")
@@ -160,7 +165,7 @@ class SACActorStepWithoutAutograd:
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         actions, log_prob = squashed_gaussian(mean, log_std, noise)
         critic_x = torch.cat([x, actions], -1)
-        q, smaller = torch.cat([critic.forward(critic_x) for critic in self.critics], -1).t().min(0)
+        q, smaller = twin_q(self.critics, critic_x).min(0)
         alpha = self.log_alpha.exp()
         actor_loss = (alpha * log_prob - q).sum() / n
         alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).sum() / n

@@ -333,13 +333,13 @@ class CheckedStep:
         # (PPO's reference step writes the normalized advantages into its minibatch: it gets a copy of the dict)
         expected = self.reference(*(dict(a) if isinstance(a, dict) else a for a in args))
         after = [t.clone() for t in buffers]
+        expected_grads = [flat_views(o.grads.clone(), o.owned) for o in self.optimizers]
         for t, s in zip(buffers, before, strict=True):
             t.copy_(s)
         ours = self.fast(*args)
         diff = max(difference(a, b) for a, b in zip(_tensors(ours), _tensors(expected), strict=True))
-        for i, o in enumerate(self.optimizers):
-            expected_grads = flat_views(after[5 * i + 1], o.owned)
-            diff = max(diff, gradient_difference(flat_views(o.grads, o.owned), expected_grads))
+        for o, grads in zip(self.optimizers, expected_grads, strict=True):
+            diff = max(diff, gradient_difference(flat_views(o.grads, o.owned), grads))
         if steps_aside(self.NAME, self.REFERENCE, diff):
             self.active = self.reference
             for t, s in zip(buffers, after, strict=True):

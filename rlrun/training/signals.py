@@ -109,7 +109,7 @@ def _deliver(handler: Any, signum: int) -> None:
         _raised = e
 
 
-_exiting_with: int | None = None  # the code a process ends with after a signal stopped its run
+_exiting = False  # a signal stopped the run, and the process is ending
 
 
 def exit_at_once_on_a_further_signal(code: int) -> None:
@@ -117,12 +117,12 @@ def exit_at_once_on_a_further_signal(code: int) -> None:
     written, its folders let go): a further SIGINT or SIGTERM (a second Ctrl-C right after the first) ends it at once
     with the same code while it unwinds and runs its exit handlers, and is ignored after them. Python's finalization
     resets a handler of its own to the default, which would end the process as killed by the signal instead."""
-    global _exiting_with
+    global _exiting
     if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's to change
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    _exiting_with = code
+    _exiting = True
     for s in _STOPS:
         signal.signal(s, lambda signum, frame: os._exit(code))
 
@@ -130,7 +130,7 @@ def exit_at_once_on_a_further_signal(code: int) -> None:
 def ignore_stops_after_exit_handlers() -> None:
     """An exit handler the CLI registers at its start, so that it runs after those registered later (torch's, the
     trackers'): exit_at_once_on_a_further_signal says why."""
-    if _exiting_with is not None:
+    if _exiting:
         for s in _STOPS:
             signal.signal(s, signal.SIG_IGN)
 
