@@ -6,11 +6,23 @@ are a few operator calls for the whole model instead of a few per parameter: for
 trains on CPU, that per-call overhead is a large share of an update. Autograd, DDP and load_state_dict
 write into parameters and gradients in place, so the views stay valid; gradients are zeroed, never set to
 None. The step is torch.optim.Adam(fused=True)'s kernel, called directly.
+
+On CPU the kernel runs with denormals flushed (FTZ and DAZ, on the calling thread, for the call alone). A ReLU unit
+that is off for a whole batch gives its weights zero gradients, and their first moments decay by beta1 a step: in a
+few hundred steps they fall below float32's normal range (2^-126) and stay at its smallest denormal (0.9 x 2^-149
+rounds back to it). x86 computes on denormals through a microcode assist many times slower, and in SAC's and TD3's
+critics many moments end up there. Flushed, they are 0 instead: the moments differ below 2^-126, the parameters not
+at all. A moment that small moves a parameter by at most lr x 10 x 2^-126 / eps (bias correction at most 10): under
+half an ulp of any parameter above about 1e-19 at lr <= 1 and eps >= 1e-10 (a parameter below 2^-126 is read as 0).
+A second moment below 2^-126 changes sqrt(v_hat) + eps by under half an ulp of such an eps (bias correction at most
+1 / (1 - beta2)). At a smaller eps the kernel runs unflushed. tests/unit/test_fast_paths.py steps both side by side
+and compares the parameters' bits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -24,6 +36,21 @@ def flat_views(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
         views.append(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
     return views
+
+
+FLUSH_MIN_EPS = 1e-10  # the smallest eps at which flushed moments leave the parameters' bits as they are
+
+
+@contextmanager
+def denormals_flushed(flush: bool) -> Iterator[None]:
+    """CPU arithmetic on this thread with denormal inputs read as 0 and denormal results written as 0, while inside
+    (when `flush`, and the CPU can: torch.set_flush_denormal says)."""
+    flushing = flush and torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if flushing:
+            torch.set_flush_denormal(False)
 
 
 class FlatAdam:
@@ -43,6 +70,7 @@ class FlatAdam:
         self.exp_avg = torch.zeros_like(self.params)
         self.exp_avg_sq = torch.zeros_like(self.params)
         self.steps = torch.zeros((), device=self.params.device)  # a tensor, as the kernel takes it
+        self.flush = self.params.device.type == "cpu"  # (the module's docstring says why)
 
     def zero_grad(self) -> None:
         self.grads.zero_()
@@ -58,21 +86,22 @@ class FlatAdam:
     def step(self) -> None:
         self.steps.add_(1)
         beta1, beta2 = self.betas
-        torch._fused_adam_(  # the kernel behind torch.optim.Adam(fused=True): one pass over the buffers
-            [self.params],
-            [self.grads],
-            [self.exp_avg],
-            [self.exp_avg_sq],
-            [],
-            [self.steps],
-            lr=self.param_groups[0]["lr"],
-            beta1=beta1,
-            beta2=beta2,
-            weight_decay=0.0,
-            eps=self.eps,
-            amsgrad=False,
-            maximize=False,
-        )
+        with denormals_flushed(self.flush and self.eps >= FLUSH_MIN_EPS):
+            torch._fused_adam_(  # the kernel behind torch.optim.Adam(fused=True): one pass over the buffers
+                [self.params],
+                [self.grads],
+                [self.exp_avg],
+                [self.exp_avg_sq],
+                [],
+                [self.steps],
+                lr=self.param_groups[0]["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=0.0,
+                eps=self.eps,
+                amsgrad=False,
+                maximize=False,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim.Adam's state_dict for the same parameters, so either optimizer resumes the other's."""
