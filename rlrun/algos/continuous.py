@@ -1,12 +1,13 @@
 """The parts SAC (sac.py) and TD3 (td3.py) are composed of, beside the replay they share with DQN (off_policy.py):
 actions in [-1, 1]^A inside the algorithm and scaled to the env's bounds outside it, uniform until updates start
-(ActionBounds); the twin critics' learner and its optimizer step (CriticLearner, reference_critic_step: a part an
-acceleration may replace, in CriticParts); the networks' and optimizers' state (learner_state, load_learner_state).
+(ActionBounds); the twin critics' learner and its optimizer step (CriticLearner, reference_critic_step), the target
+critics' Q-values and the targets' Polyak update: parts an acceleration may replace, in CriticParts; the networks' and
+optimizers' state (learner_state, load_learner_state).
 
-Under DDP each optimizer's parameters have a learner of their own, wrapped on its own. The actor's loss reads Q
-through weights cut from autograd (TwinQ's detached=True), so it never sends gradients into the critics, whose
-reducer would otherwise see a second backward. Targets are no learner's parameters: each rank averages them from
-its own online networks, identical on every rank, and nothing is all-reduced for them."""
+Under DDP each optimizer's parameters have a learner of their own, wrapped on its own. The actor's loss reads Q through
+weights cut from autograd (TwinQ's detached=True), so it never sends gradients into the critics, whose reducer would
+otherwise see a second backward. Targets are no learner's parameters: each rank averages them from its own online
+networks, identical on every rank, and nothing is all-reduced for them."""
 
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ class CriticLearner(nn.Module):
 # One optimizer step of the twin critics: (obs, actions, targets, weights) -> (loss, |TD errors| [B], Q [2, B]), as
 # CriticLearner's outputs.
 CriticStep = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+# The target critics' Q-values: (next obs, next actions) -> [2, B], as TwinQ's forward (the reference: the module).
+TargetQ = Callable[[Tensor, Tensor], Tensor]
+# A target network's Polyak update toward its online network: (target, online, tau), as off_policy.polyak_update.
+Polyak = Callable[[nn.Module, nn.Module, float], None]
 
 
 class CriticsAlgorithm(Protocol):
@@ -103,11 +108,14 @@ def reference_critic_step(algo: CriticsAlgorithm) -> CriticStep:
 
 @dataclass
 class CriticParts:
-    """What an acceleration may replace in SAC and TD3 alike (rlrun/algos/parts.py): how their optimizers are made, and
-    the critics' step. SACParts (sac.py) and TD3Parts (td3.py) add each one's actor step."""
+    """What an acceleration may replace in SAC and TD3 alike (rlrun/algos/parts.py): how their optimizers are made, the
+    critics' step, the target critics' Q-values and the targets' Polyak update. SACParts (sac.py) and TD3Parts
+    (td3.py) add each one's actor step."""
 
     make_optimizer: MakeOptimizer
     critic_step: CriticStep
+    target_q: TargetQ
+    polyak: Polyak
 
 
 def critic_stats(step: tuple[Tensor, Tensor, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:

@@ -109,7 +109,8 @@ class SAC(ReplayAlgorithm):
         self.model = nets = SACNetworks(obs_dim, self.bounds.dim, model_cfg, cfg).to(device)
         self.target_entropy = -float(self.bounds.dim) if cfg.target_entropy is None else cfg.target_entropy
         # What an acceleration may replace:
-        self.parts = SACParts(adam(cfg.lr, cfg.adam_eps), reference_critic_step(self), self.actor_step)
+        critic_step, targets = reference_critic_step(self), nets.critic_target
+        self.parts = SACParts(adam(cfg.lr, cfg.adam_eps), critic_step, targets, polyak_update, self.actor_step)
         # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
         self.critic_learner: nn.Module = CriticLearner(nets.critic, cfg.batch_size, 0.5)
         self.actor_learner: nn.Module = SACActorLearner(nets.actor, nets.log_alpha, self.target_entropy, cfg.batch_size)
@@ -178,7 +179,7 @@ class SAC(ReplayAlgorithm):
             noise = torch.randn(1 + c.policy_frequency, len(obs), self.bounds.dim, device=self.device)
         with torch.no_grad():
             next_actions, next_log_prob = nets.actor(batch["next_obs"], noise[0])
-            next_q = nets.critic_target(batch["next_obs"], next_actions).min(0).values
+            next_q = self.parts.target_q(batch["next_obs"], next_actions).min(0).values
             alpha = nets.log_alpha.exp()
             targets = soft_q_targets(batch["returns"], batch["discount"], next_q, next_log_prob, alpha)
         stats, td_abs = critic_stats(self.parts.critic_step(obs, batch["actions"], targets, weights), c.batch_size)
@@ -189,7 +190,7 @@ class SAC(ReplayAlgorithm):
                 if self.alpha_optimizer is not None:
                     stats["alpha_loss"] = alpha_loss
         if self.updates % c.target_update_interval == 0:
-            polyak_update(nets.critic_target, nets.critic, c.tau)
+            self.parts.polyak(nets.critic_target, nets.critic, c.tau)
         return stats, td_abs
 
     def actor_step(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

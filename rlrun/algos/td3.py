@@ -58,9 +58,10 @@ class TD3ActorLearner(nn.Module):
 
 @dataclass
 class TD3Parts(CriticParts):
-    """The critics' parts (continuous.py) and the actor's step: (obs) -> its loss, after one optimizer step on it
-    (TD3.actor_step)."""
+    """The critics' parts (continuous.py), the target actor's actions mu'(s') (next obs -> [B, A], the reference: the
+    module), and the actor's step: (obs) -> its loss, after one optimizer step on it (TD3.actor_step)."""
 
+    target_actions: Callable[[Tensor], Tensor]
     actor_step: Callable[[Tensor], Tensor]
 
 
@@ -95,7 +96,10 @@ class TD3(ReplayAlgorithm):
         super().__init__(cfg, spec, device, reductions or Reductions(), obs_dtype, (self.bounds.dim,), np.float32)
         self.model = TD3Networks(obs_dim, self.bounds.dim, model_cfg).to(device)
         # What an acceleration may replace:
-        self.parts = TD3Parts(adam(cfg.lr, cfg.adam_eps), reference_critic_step(self), self.actor_step)
+        critic_step, targets = reference_critic_step(self), self.model.critic_target
+        self.parts = TD3Parts(
+            adam(cfg.lr, cfg.adam_eps), critic_step, targets, polyak_update, self.model.actor_target, self.actor_step
+        )
         # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
         self.critic_learner: nn.Module = CriticLearner(self.model.critic, cfg.batch_size, 1.0)
         self.actor_learner: nn.Module = TD3ActorLearner(self.model.actor, cfg.batch_size)
@@ -157,14 +161,14 @@ class TD3(ReplayAlgorithm):
             noise = torch.randn(len(obs), self.bounds.dim, device=self.device)
         with torch.no_grad():
             smoothing = c.target_policy_noise * noise
-            next_actions = smoothed_target_actions(nets.actor_target(next_obs), smoothing, c.target_noise_clip)
-            next_q = nets.critic_target(next_obs, next_actions).min(0).values
+            next_actions = smoothed_target_actions(self.parts.target_actions(next_obs), smoothing, c.target_noise_clip)
+            next_q = self.parts.target_q(next_obs, next_actions).min(0).values
             targets = batch["returns"] + batch["discount"] * next_q
         stats, td_abs = critic_stats(self.parts.critic_step(obs, batch["actions"], targets, weights), c.batch_size)
         if self.updates % c.policy_delay == 0:
             stats["actor_loss"] = self.parts.actor_step(obs)
-            polyak_update(nets.critic_target, nets.critic, c.tau)
-            polyak_update(nets.actor_target, nets.actor, c.tau)
+            self.parts.polyak(nets.critic_target, nets.critic, c.tau)
+            self.parts.polyak(nets.actor_target, nets.actor, c.tau)
         return stats, td_abs
 
     def actor_step(self, obs: Tensor) -> Tensor:

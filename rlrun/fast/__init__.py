@@ -43,9 +43,13 @@ from rlrun.fast.continuous_steps import (
     ActorStepWithoutAutograd,
     CriticStepWithoutAutograd,
     SACActorStepWithoutAutograd,
+    TargetActionsWithoutModules,
+    TargetQWithoutModules,
     bare_mlp,
+    relu_mlp,
 )
 from rlrun.fast.flat_adam import FlatAdam, FlatAdams
+from rlrun.fast.flat_polyak import FlatPolyak, flattenable
 from rlrun.fast.fused_a2c import FusedA2CUnroll
 from rlrun.fast.fused_batched_ppo import FusedBatchedPPOLearner, fusable_batch
 from rlrun.fast.fused_dqn import FusedDQNLearner, FusedQTargets, fusable_q
@@ -217,10 +221,27 @@ def _accelerate_continuous(algo: SAC | TD3, parts: CriticParts) -> list[str]:
     # Parameters and gradients in one flat buffer per optimizer, so zeroing and the Adam step are a few calls for a
     # whole network.
     _flat_adam(parts, c.lr, c.adam_eps)
-    critic_optimizer = algo.critic_optimizer  # built now: the steps below write into its buffers
+    critic_optimizer, actor_optimizer = algo.critic_optimizer, algo.actor_optimizer  # built now: used below
     applied = ["flat Adam"]
+    nets = algo.model
+    critic_target, actor, actor_target = nets.critic_target, nets.actor, getattr(nets, "actor_target", None)
+    assert isinstance(critic_target, TwinQ) and isinstance(actor, nn.Module)
+    pairs: list[tuple[nn.Module, nn.Module, object]] = [(critic_target, critic, critic_optimizer)]
+    if isinstance(actor_target, nn.Module):  # TD3's
+        pairs.append((actor_target, actor, actor_optimizer))
+    flat = [(t, n, o) for t, n, o in pairs if isinstance(o, FlatAdam) and flattenable(t, n, o)]
+    if len(flat) == len(pairs):
+        # The targets laid out as flat Adam lays out their online networks: a Polyak update is one lerp a network.
+        parts.polyak = FlatPolyak(flat)
+        applied.append("flat targets")
     if in_process_group() or algo.device.type != "cpu" or not isinstance(critic_optimizer, FlatAdam):
         return applied  # DDP averages the ranks' gradients in autograd's backward, which these steps do not run
+    if all(relu_mlp(net) for net in critic_target.critics):
+        # The target critics' forward on buffers allocated once, without the modules' calls and the outputs each
+        # allocates. Checked against the module on the first update.
+        names = ("target Q without modules", "models/continuous.py (TwinQ)")
+        parts.target_q = CheckedStep(TargetQWithoutModules(critic_target), parts.target_q, [], names)
+        applied.append("target Q without modules")
     critics_bare = all(bare_mlp(net) for net in critic.critics)
     if critics_bare:
         # The critics' forward and backward without autograd, on buffers allocated once, gradients written into flat
@@ -232,8 +253,6 @@ def _accelerate_continuous(algo: SAC | TD3, parts: CriticParts) -> list[str]:
         fast = CriticStepWithoutAutograd(critic, critic_optimizer, scale, c.batch_size, c.name)
         parts.critic_step = CheckedStep(fast, parts.critic_step, [critic_optimizer], names)
         applied.append("critic step without autograd")
-    actor_optimizer = algo.actor_optimizer
-    actor = algo.model.actor
     if isinstance(parts, SACParts) and isinstance(algo, SAC) and isinstance(actor, GaussianActor):
         alpha_optimizer, log_alpha = algo.alpha_optimizer, algo.model.log_alpha
         optimizers = [o for o in (actor_optimizer, alpha_optimizer) if o is not None]
@@ -247,6 +266,12 @@ def _accelerate_continuous(algo: SAC | TD3, parts: CriticParts) -> list[str]:
             fast_sac = SACActorStepWithoutAutograd(actor, critic, *temperature, c.batch_size, steps)
             parts.actor_step = CheckedStep(fast_sac, parts.actor_step, cast(list[FlatAdam], optimizers), names)
             applied.append("actor step without autograd")
+    if isinstance(parts, TD3Parts) and isinstance(actor_target, DeterministicActor):
+        if relu_mlp(actor_target.net):  # as the target critics'
+            names = ("target actions without modules", "models/continuous.py (DeterministicActor)")
+            fast_targets = TargetActionsWithoutModules(actor_target)
+            parts.target_actions = CheckedStep(fast_targets, parts.target_actions, [], names)
+            applied.append("target actions without modules")
     if isinstance(parts, TD3Parts) and isinstance(actor, DeterministicActor) and isinstance(actor_optimizer, FlatAdam):
         if bare_mlp(actor.net) and bare_mlp(critic.critics[0]):
             # As the critics': the actor's loss through the first critic and tanh, without autograd. Checked against

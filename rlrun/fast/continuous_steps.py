@@ -1,9 +1,10 @@
 """SAC's and TD3's gradient steps without autograd: the twin critics' step (continuous.py's CriticStep), TD3's actor
-step and SAC's actor and temperature step. Their forward and backward passes are written out for rlrun's ReLU MLPs on
-activation buffers allocated once, each gradient written by its matrix product straight into flat Adam's buffer: the
-same products as autograd's (the update's cost at 256-wide layers), without the graph, the outputs autograd allocates,
-the gradients it accumulates and zeroes, and ReLU's backward as a new tensor. Checked against the reference steps on
-the first update (selfcheck.CheckedStep)."""
+step and SAC's actor and temperature step; and their target networks' forward passes without the modules. Their forward
+and backward passes are written out for rlrun's ReLU MLPs on activation buffers allocated once, each gradient written by
+its matrix product straight into flat Adam's buffer: the same products as autograd's (the update's cost at 256-wide
+layers), without the graph, the outputs autograd allocates, the gradients it accumulates and zeroes, and ReLU's backward
+as a new tensor. Checked against the reference steps on the first update (selfcheck.CheckedStep), as are the target
+passes."""
 
 from __future__ import annotations
 
@@ -22,10 +23,9 @@ from rlrun.models.continuous import (
 )
 
 
-def bare_mlp(net: nn.Module) -> bool:
+def relu_mlp(net: nn.Module) -> bool:
     """Whether `net` is one of rlrun's MLPs (models/continuous.py's mlp) with ReLUs: Linear layers with a ReLU between
-    each two, and no other module or parameter, which is all the passes below compute; all trained (a frozen layer's
-    weights have no gradient buffer to write into)."""
+    each two, and no other module or parameter, which is all the passes below compute."""
     layers = list(net.children()) if isinstance(net, nn.Sequential) else []
     kinds = [type(m) for m in layers]
     return (
@@ -33,8 +33,13 @@ def bare_mlp(net: nn.Module) -> bool:
         and kinds[0::2] == [nn.Linear] * (len(layers) // 2 + 1)
         and kinds[1::2] == [nn.ReLU] * (len(layers) // 2)
         and all(m.bias is not None for m in layers[0::2])
-        and all(p.requires_grad for p in net.parameters())
     )
+
+
+def bare_mlp(net: nn.Module) -> bool:
+    """A relu_mlp whose passes backward may take: all its parameters trained (a frozen layer's weights have no
+    gradient buffer to write into)."""
+    return relu_mlp(net) and all(p.requires_grad for p in net.parameters())
 
 
 class BareMLP:
@@ -87,6 +92,29 @@ class BareMLP:
 def twin_q(critics: list[BareMLP], x: Tensor) -> Tensor:
     """TwinQ's Q-values [2, B] of its critics' bare passes on x = (obs, actions) [B, D + A]."""
     return torch.cat([critic.forward(x) for critic in critics], -1).t()
+
+
+class TargetQWithoutModules:
+    """The target critics' Q-values (continuous.py's TargetQ: TwinQ's forward) as BareMLP passes, on buffers kept from
+    one update to the next instead of the outputs the modules allocate at each call."""
+
+    def __init__(self, critic: TwinQ):
+        self.critics = [BareMLP(net) for net in critic.critics]
+
+    @torch.no_grad()
+    def __call__(self, obs: Tensor, actions: Tensor) -> Tensor:
+        return twin_q(self.critics, torch.cat([obs.flatten(1).float(), actions], -1))
+
+
+class TargetActionsWithoutModules:
+    """TD3's target actions mu'(s') (DeterministicActor's forward), as TargetQWithoutModules."""
+
+    def __init__(self, actor: DeterministicActor):
+        self.actor = BareMLP(actor.net)
+
+    @torch.no_grad()
+    def __call__(self, obs: Tensor) -> Tensor:
+        return torch.tanh(self.actor.forward(obs.flatten(1).float()))
 
 
 class CriticStepWithoutAutograd:

@@ -21,7 +21,7 @@ and compares the parameters' bits.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 
-def flat_views(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
+def flat_views(flat: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
     """Consecutive slices of the 1-D `flat`, shaped as `params` are (in their order)."""
     views, offset = [], 0
     for p in params:

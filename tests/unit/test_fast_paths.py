@@ -4,6 +4,7 @@ FusedA2CUnroll against A2CUnroll, FlatAdam against torch.optim.Adam (and their s
 against ActorCritic.act, channels-last rollout frames against indexing; a whole first update with algo.fast on and off;
 and SyncEnvs against gymnasium's SyncVectorEnv, Gumbel-max sampling against torch.multinomial."""
 
+import copy
 import logging
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from rlrun.algos.off_policy import polyak_update
 from rlrun.algos.ppo import PPO, PPOConfig, PPOLearner
 from rlrun.algos.protocol import EnvSpec
 from rlrun.buffers.rollout import take_rows
@@ -20,12 +22,15 @@ from rlrun.config import AtariConfig, EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
 from rlrun.errors import NonFiniteError
 from rlrun.fast import accelerate
+from rlrun.fast.continuous_steps import TargetActionsWithoutModules, TargetQWithoutModules
 from rlrun.fast.flat_adam import FlatAdam
+from rlrun.fast.flat_polyak import FlatPolyak, flattenable
 from rlrun.fast.fused_ppo import FusedPPOLearner, FusedPPOLoss, fusable, fused_params
 from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_ppo import NumpyPPOLoss
 from rlrun.models import build_actor_critic
 from rlrun.models import distributions as D
+from rlrun.models.continuous import DeterministicActor, TwinQ
 from tests.conftest import PENDULUM, continuous_run, sac_batch
 
 OBS = gym.spaces.Box(-1, 1, (5,))
@@ -139,6 +144,37 @@ def test_flat_adam_follows_torch_adam_and_their_states_interchange():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="parameters"):
         FlatAdam([torch.nn.Parameter(torch.zeros(2))], lr=1e-3, eps=1e-5).load_state_dict(flat_state)
+
+
+def test_flat_targets_follow_polyak_update_to_the_bit():
+    """Targets laid out flat take polyak_update's numbers, through the Polyak part's signature; a pair it was not
+    built for goes to polyak_update."""
+    torch.manual_seed(0)
+    online = [TwinQ(3, 1, [32, 32], "relu") for _ in range(2)]
+    targets = [copy.deepcopy(n).requires_grad_(False) for n in online]
+    ref_targets = [copy.deepcopy(t) for t in targets]
+    optimizer = FlatAdam(list(online[0].parameters()), lr=1e-3, eps=1e-8)
+    assert flattenable(targets[0], online[0], optimizer) and not flattenable(targets[1], online[1], optimizer)
+    polyak = FlatPolyak([(targets[0], online[0], optimizer)])
+    for _ in range(20):
+        with torch.no_grad():
+            for p in (*online[0].parameters(), *online[1].parameters()):
+                p.add_(0.01 * torch.randn_like(p))
+        for target, ref, net in zip(targets, ref_targets, online):
+            polyak(target, net, 0.005)
+            polyak_update(ref, net, 0.005)
+    for target, ref in zip(targets, ref_targets):
+        assert all(torch.equal(p, q) for p, q in zip(target.state_dict().values(), ref.state_dict().values()))
+    assert not torch.equal(targets[0].critics[0][0].weight, online[0].critics[0][0].weight)  # it moved part way
+
+
+def test_target_passes_without_modules_are_the_modules_forward():
+    torch.manual_seed(0)
+    critic, actor = TwinQ(3, 2, [32, 32], "relu"), DeterministicActor(3, 2, [32, 32], "relu")
+    obs, actions = torch.randint(0, 255, (16, 3), dtype=torch.uint8), torch.rand(16, 2) * 2 - 1  # any obs dtype
+    with torch.no_grad():
+        assert torch.equal(TargetQWithoutModules(critic)(obs, actions), critic(obs, actions))
+        assert torch.equal(TargetActionsWithoutModules(actor)(obs), actor(obs))
 
 
 def test_flat_adam_flushes_denormal_moments_and_keeps_the_parameters_to_the_bit():
@@ -426,8 +462,11 @@ def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activati
     with caplog.at_level(logging.WARNING, logger="rlrun"):
         runs = [continuous_run(algo, fast, activation, **settings) for fast in (False, True)]
     assert not caplog.records  # no acceleration stepped aside: the last two updates ran them alone
-    steps = ["critic step without autograd", "actor step without autograd"]
-    assert [applied for _, applied in runs] == [[], ["flat Adam"] + (steps if activation == "relu" else [])]
+    steps = ["target Q without modules", "critic step without autograd"]
+    steps += ["target actions without modules"] if algo == "td3" else []
+    steps += ["actor step without autograd"]
+    expected = ["flat Adam", "flat targets"] + (steps if activation == "relu" else [])
+    assert [applied for _, applied in runs] == [[], expected]
     (reference, _), (fast, _) = runs
     for name, value in reference.model.state_dict().items():
         torch.testing.assert_close(fast.model.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
@@ -462,9 +501,11 @@ def test_a_frozen_layer_keeps_the_reference_steps(algo):
     from rlrun.algos import SACConfig, TD3Config, build_algo
 
     config = SACConfig if algo == "sac" else TD3Config
-    a = build_algo(config(batch_size=16), ModelConfig(hidden_sizes=[16, 16]), PENDULUM, torch.device("cpu"))
+    model = ModelConfig(hidden_sizes=[16, 16], activation="relu")  # (the steps without autograd's networks)
+    a = build_algo(config(batch_size=16), model, PENDULUM, torch.device("cpu"))
     a.model.critic.critics[0][0].requires_grad_(False)
-    assert accelerate(a, None) == ["flat Adam"]
+    targets = ["target Q without modules"] + (["target actions without modules"] if algo == "td3" else [])
+    assert accelerate(a, None) == ["flat Adam"] + targets  # no flat targets: flat Adam holds no frozen layer
     a.updates = 1
     a.learn(sac_batch(16), torch.ones(16))
 
