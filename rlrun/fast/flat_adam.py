@@ -38,6 +38,14 @@ def flat_views(flat: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
     return views
 
 
+def flatten(params: Sequence[Tensor]) -> Tensor:
+    """One new 1-D tensor holding `params`' values in their order, each parameter's .data made a view into it."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    for p, view in zip(params, flat_views(flat, params)):
+        p.data = view
+    return flat
+
+
 FLUSH_MIN_EPS = 1e-10  # the smallest eps at which flushed moments leave the parameters' bits as they are
 
 
@@ -63,10 +71,10 @@ class FlatAdam:
         self.param_groups: list[dict[str, Any]] = [
             {"lr": lr}
         ]  # as torch.optim's: the algorithms set the annealed rate here
-        self.params = torch.cat([p.detach().reshape(-1) for p in self.owned])
+        self.params = flatten(self.owned)
         self.grads = torch.zeros_like(self.params)
-        for p, data, grad in zip(self.owned, flat_views(self.params, self.owned), flat_views(self.grads, self.owned)):
-            p.data, p.grad = data, grad
+        for p, grad in zip(self.owned, flat_views(self.grads, self.owned)):
+            p.grad = grad
         self.exp_avg = torch.zeros_like(self.params)
         self.exp_avg_sq = torch.zeros_like(self.params)
         self.steps = torch.zeros((), device=self.params.device)  # a tensor, as the kernel takes it

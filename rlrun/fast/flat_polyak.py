@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from rlrun.algos.off_policy import polyak_update
-from rlrun.fast.flat_adam import FlatAdam, flat_views
+from rlrun.fast.flat_adam import FlatAdam, flatten
 
 
 def flattenable(target: nn.Module, online: nn.Module, optimizer: FlatAdam) -> bool:
@@ -31,11 +31,7 @@ class FlatPolyak:
     def __init__(self, pairs: Sequence[tuple[nn.Module, nn.Module, FlatAdam]]):
         self.flats: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         for target, online, optimizer in pairs:
-            params = list(target.parameters())
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
-            for p, view in zip(params, flat_views(flat, params)):
-                p.data = view
-            self.flats[id(target), id(online)] = (flat, optimizer.params)
+            self.flats[id(target), id(online)] = (flatten(list(target.parameters())), optimizer.params)
 
     @torch.no_grad()
     def __call__(self, target: nn.Module, online: nn.Module, tau: float) -> None:
