@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlrun.config import AtariConfig, EnvConfig
-from rlrun.envs.atari import EpisodicLife, FireReset, needs_fire, sign_reward
+from rlrun.envs.atari import AtariFrames, EpisodicLife, FireReset, needs_fire, sign_reward
 from rlrun.envs.backends import choose_backend
 from rlrun.envs.masked import register_envs
 from rlrun.envs.spaces import encode_observations
@@ -298,7 +298,7 @@ def make_env(
         else:
             from rlrun.envs.atari_seeded import seeded_spec
 
-            env = gym.wrappers.AtariPreprocessing(
+            env = AtariFrames(
                 _gym_make(cfg.id if seed is None else seeded_spec(cfg.id, seed), kwargs, **options),
                 noop_max=atari.noop_max,
                 frame_skip=atari.frame_skip,

@@ -226,3 +226,73 @@ def test_format_2_checkpoints_load_with_their_optimizer_state(tmp_path):
     assert fresh.param_groups[0]["lr"] == 1e-3 and fresh.param_groups[0]["eps"] == 1e-5
     saved = yaml.safe_load(upgraded["config"])
     assert saved["algo"]["loss"] == "huber" and saved["env"]["max_episode_steps"] == 1000  # agent steps
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(frame_skip=4, sticky=0.0, life_loss=False, grayscale=True),
+        dict(frame_skip=3, sticky=0.25, life_loss=True, grayscale=True),
+        dict(frame_skip=2, sticky=0.25, life_loss=False, grayscale=False),
+        dict(frame_skip=1, sticky=0.0, life_loss=False, grayscale=True),
+    ],
+    ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_atari_frames_step_as_gymnasiums_preprocessing(settings):
+    # AtariFrames plays an agent step's frames on the ALE itself: every observation, reward, flag and info is
+    # AtariPreprocessing's over AtariEnv.step, through games that end, lives lost and truncations (a game cut at
+    # 400 frames), with sticky actions and every frame skip.
+    from ale_py.env import AtariEnv
+
+    from rlrun.envs import _register_ale
+    from rlrun.envs.atari import AtariFrames
+
+    _register_ale()
+    kind = {"frame_skip": settings["frame_skip"], "terminal_on_life_loss": settings["life_loss"]}
+    kind |= {"grayscale_obs": settings["grayscale"]}
+
+    def make(wrapper):
+        game = gym.make(
+            "ALE/Breakout-v5",
+            frameskip=1,
+            repeat_action_probability=settings["sticky"],
+            max_num_frames_per_episode=400,
+            disable_env_checker=True,
+        )
+        return wrapper(game, noop_max=5, **kind)
+
+    ours, theirs = make(AtariFrames), make(gym.wrappers.AtariPreprocessing)
+    assert isinstance(ours.atari, AtariEnv)
+    rng = np.random.default_rng(7)
+    ended = 0
+    for env in (ours, theirs):
+        env.reset(seed=3)
+    assert ours.direct  # from the first reset on, its own step runs
+    for a in rng.integers(4, size=1600 // settings["frame_skip"]):  # 1,600 frames: 4 games cut at 400 at least
+        mine, gyms = ours.step(int(a)), theirs.step(int(a))
+        np.testing.assert_array_equal(mine[0], gyms[0])
+        assert mine[1:] == gyms[1:] and type(mine[1]) is type(gyms[1])
+        if mine[2] or mine[3]:
+            ended += 1
+            np.testing.assert_array_equal(ours.reset()[0], theirs.reset()[0])
+    assert ended >= 3  # the comparison went through ends and starts
+
+
+def test_atari_frames_leave_a_wrapped_game_to_gymnasium():
+    # Between AtariFrames and the game, a TimeLimit counts frames: AtariFrames steps through it (gymnasium's step),
+    # and before a reset its step asks for one as OrderEnforcing's does.
+    from rlrun.envs import _register_ale
+    from rlrun.envs.atari import AtariFrames
+
+    _register_ale()
+    game = gym.make("ALE/Breakout-v5", frameskip=1, max_episode_steps=30, disable_env_checker=True)
+    env = AtariFrames(game, noop_max=0)
+    assert env.atari is None
+    plain = AtariFrames(gym.make("ALE/Breakout-v5", frameskip=1, disable_env_checker=True), noop_max=0)
+    with pytest.raises(gym.error.ResetNeeded):
+        plain.step(0)
+    env.reset(seed=0)
+    steps = 1
+    while not env.step(1)[3]:
+        steps += 1
+    assert steps == 8 and not env.direct  # 30 frames: the TimeLimit's count, 4 frames an agent step

@@ -95,6 +95,21 @@ def _omegaconf_get_node() -> None:
     assert isinstance(OmegaConf.structured(Schema)._get_node("a"), IntegerNode)
 
 
+def _ale_env_internals() -> None:
+    """AtariEnv._action_set maps an action index to the ALE's action (the minimal set unless full_action_space), and
+    _frameskip is an int frame count (AtariPreprocessing reads it too)."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    env = gym.make("ALE/Breakout-v5", frameskip=1).unwrapped
+    try:
+        assert list(env._action_set) == list(env.ale.getMinimalActionSet()) and env._frameskip == 1
+        assert env.continuous is False
+    finally:
+        env.close()
+
+
 def _gymnasium_add_info() -> None:
     import numpy as np
     from gymnasium.vector import VectorEnv
@@ -182,6 +197,13 @@ PRIVATE_APIS = [
         "rlrun/compose/hydra_compat.py",
         "a key's node type (IntegerNode) without resolving its value",
         _omegaconf_get_node,
+    ),
+    PrivateApi(
+        "ale_py AtariEnv._action_set, _frameskip",
+        "ale-py",
+        "rlrun/envs/atari.py (AtariFrames)",
+        "an agent step's frames played on the ALE itself, with the actions and frame count AtariEnv.step uses",
+        _ale_env_internals,
     ),
     PrivateApi(
         "gymnasium.vector.VectorEnv._add_info",
