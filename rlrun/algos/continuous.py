@@ -43,10 +43,10 @@ class ActionBounds:
         actions: np.ndarray = (self.low + (unit + 1.0) * 0.5 * (self.high - self.low)).astype(self.dtype)
         return actions
 
-    def explore(self, n: int, policy: Callable[[], Tensor] | None) -> tuple[np.ndarray, np.ndarray]:
+    def explore(self, n: int, policy: Callable[[], np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
         """(the actions n envs take, the unit actions the replay stores) while collecting: the policy's (`policy()`,
         exploring), or uniform ones while it is None (until updates start, as SB3's and CleanRL's warm-up)."""
-        unit = (torch.rand(n, self.dim) * 2.0 - 1.0 if policy is None else policy()).cpu().numpy()
+        unit = (torch.rand(n, self.dim) * 2.0 - 1.0).numpy() if policy is None else policy()
         return self.to_env(unit), unit
 
 
@@ -79,8 +79,31 @@ class CriticLearner(nn.Module):
 CriticStep = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
 # The target critics' Q-values: (next obs, next actions) -> [2, B], as TwinQ's forward (the reference: the module).
 TargetQ = Callable[[Tensor, Tensor], Tensor]
+# The policy's exploring actions in [-1, 1]^A while collecting: a vector step's observations [N, ...] -> [N, A], drawing
+# their noise from torch's generator (the reference: the algorithm's unit_actions on a tensor).
+Exploration = Callable[[np.ndarray], np.ndarray]
 # A target network's Polyak update toward its online network: (target, online, tau), as off_policy.polyak_update.
 Polyak = Callable[[nn.Module, nn.Module, float], None]
+
+
+class ActingAlgorithm(Protocol):
+    """What the reference exploration reads of SAC or TD3."""
+
+    obs_dtype: torch.dtype
+    device: torch.device
+
+    def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor: ...
+
+
+def reference_exploration(algo: ActingAlgorithm) -> Exploration:
+    """The policy's exploring actions: unit_actions on the observations as a tensor, back as numpy."""
+
+    def explore(obs: np.ndarray) -> np.ndarray:
+        tensor = torch.as_tensor(obs, dtype=algo.obs_dtype, device=algo.device)
+        actions: np.ndarray = algo.unit_actions(tensor, deterministic=False).cpu().numpy()
+        return actions
+
+    return explore
 
 
 class CriticsAlgorithm(Protocol):
@@ -109,13 +132,14 @@ def reference_critic_step(algo: CriticsAlgorithm) -> CriticStep:
 @dataclass
 class CriticParts:
     """What an acceleration may replace in SAC and TD3 alike (rlrun/algos/parts.py): how their optimizers are made, the
-    critics' step, the target critics' Q-values and the targets' Polyak update. SACParts (sac.py) and TD3Parts
-    (td3.py) add each one's actor step."""
+    critics' step, the target critics' Q-values, the targets' Polyak update and the policy's exploring actions. SACParts
+    (sac.py) and TD3Parts (td3.py) add each one's actor step."""
 
     make_optimizer: MakeOptimizer
     critic_step: CriticStep
     target_q: TargetQ
     polyak: Polyak
+    exploration: Exploration
 
 
 def critic_stats(step: tuple[Tensor, Tensor, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:

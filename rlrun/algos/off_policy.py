@@ -198,7 +198,9 @@ class ReplayAlgorithm:
         out = self.charts() | {"charts/updates": float(self.updates)}
         if steps:  # a stat's mean over the steps that made it; one transfer for all (not a device sync each)
             names = list(dict.fromkeys(k for s in steps for k in s))
-            if all(len(s) == len(names) for s in steps):  # every step made every stat: one stack, one mean
+            if len(steps) == 1:  # (a mean over one step is its values: no view and mean to pay per update)
+                means = torch.stack([steps[0][k] for k in names]).tolist()
+            elif all(len(s) == len(names) for s in steps):  # every step made every stat: one stack, one mean
                 stacked = torch.stack([s[k] for s in steps for k in names]).view(len(steps), len(names))
                 means = stacked.mean(0).tolist()
             else:

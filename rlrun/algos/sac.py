@@ -27,6 +27,7 @@ from rlrun.algos.continuous import (
     learner_state,
     load_learner_state,
     reference_critic_step,
+    reference_exploration,
     replay_layout,
 )
 from rlrun.algos.finite import require_finite
@@ -110,7 +111,14 @@ class SAC(ReplayAlgorithm):
         self.target_entropy = -float(self.bounds.dim) if cfg.target_entropy is None else cfg.target_entropy
         # What an acceleration may replace:
         critic_step, targets = reference_critic_step(self), nets.critic_target
-        self.parts = SACParts(adam(cfg.lr, cfg.adam_eps), critic_step, targets, polyak_update, self.actor_step)
+        self.parts = SACParts(
+            adam(cfg.lr, cfg.adam_eps),
+            critic_step,
+            targets,
+            polyak_update,
+            reference_exploration(self),
+            self.actor_step,
+        )
         # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
         self.critic_learner: nn.Module = CriticLearner(nets.critic, cfg.batch_size, 0.5)
         self.actor_learner: nn.Module = SACActorLearner(nets.actor, nets.log_alpha, self.target_entropy, cfg.batch_size)
@@ -153,7 +161,7 @@ class SAC(ReplayAlgorithm):
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
-        policy = None if self.updates == 0 else lambda: self.unit_actions(self._obs(obs), deterministic=False)
+        policy = None if self.updates == 0 else lambda: self.parts.exploration(obs)
         return self.bounds.explore(len(obs), policy)
 
     @torch.inference_mode()

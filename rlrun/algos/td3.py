@@ -26,6 +26,7 @@ from rlrun.algos.continuous import (
     learner_state,
     load_learner_state,
     reference_critic_step,
+    reference_exploration,
     replay_layout,
 )
 from rlrun.algos.finite import require_finite
@@ -98,7 +99,13 @@ class TD3(ReplayAlgorithm):
         # What an acceleration may replace:
         critic_step, targets = reference_critic_step(self), self.model.critic_target
         self.parts = TD3Parts(
-            adam(cfg.lr, cfg.adam_eps), critic_step, targets, polyak_update, self.model.actor_target, self.actor_step
+            adam(cfg.lr, cfg.adam_eps),
+            critic_step,
+            targets,
+            polyak_update,
+            reference_exploration(self),
+            self.model.actor_target,
+            self.actor_step,
         )
         # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
         self.critic_learner: nn.Module = CriticLearner(self.model.critic, cfg.batch_size, 1.0)
@@ -135,7 +142,7 @@ class TD3(ReplayAlgorithm):
 
     @torch.inference_mode()
     def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
-        policy = None if self.updates == 0 else lambda: self.unit_actions(self._obs(obs), deterministic=False)
+        policy = None if self.updates == 0 else lambda: self.parts.exploration(obs)
         return self.bounds.explore(len(obs), policy)
 
     @torch.inference_mode()

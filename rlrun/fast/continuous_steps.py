@@ -47,24 +47,31 @@ class BareMLP:
     weights' gradients into their .grad (flat Adam's views)."""
 
     def __init__(self, net: nn.Module):
-        self.layers: list[nn.Linear] = [m for m in net.children() if isinstance(m, nn.Linear)]
+        # The layers' parameters themselves (each a Module attribute lookup otherwise, a few per layer and pass); their
+        # values change in place (the optimizer, load_state_dict), the Parameter objects stay.
+        self.params: list[tuple[Tensor, Tensor]] = [
+            (m.weight, m.bias) for m in net.children() if isinstance(m, nn.Linear)
+        ]
         self.size = 0
 
     def _buffers(self, x: Tensor) -> None:
         if len(x) != self.size:
             self.size = len(x)
-            self.outputs = [x.new_empty(self.size, layer.out_features) for layer in self.layers]
-            self.input_grads = [x.new_empty(self.size, layer.in_features) for layer in self.layers]
+            self.outputs = [x.new_empty(self.size, w.shape[0]) for w, _ in self.params]
+            self.input_grads = [x.new_empty(self.size, w.shape[1]) for w, _ in self.params]
             self.ones = x.new_ones(1, self.size)  # a bias's gradient is ones @ g
 
     def forward(self, x: Tensor) -> Tensor:
         """The output [B, out] of x [B, in]; the activations stay for backward (until the next forward)."""
         self._buffers(x)
         self.x, h = x, x
-        for i, (layer, out) in enumerate(zip(self.layers, self.outputs)):
-            torch.addmm(layer.bias, h, layer.weight.t(), out=out)
-            if i < len(self.layers) - 1:
-                out.relu_()
+        last = len(self.params) - 1
+        for i, ((weight, bias), out) in enumerate(zip(self.params, self.outputs)):
+            if i < last:  # the product, then bias and ReLU in one pass: addmm would first copy the bias into `out`
+                torch.mm(h, weight.t(), out=out)
+                torch.ops.aten._add_relu_(out, bias)
+            else:
+                torch.addmm(bias, h, weight.t(), out=out)
             h = out
         return h
 
@@ -72,15 +79,15 @@ class BareMLP:
         """From grad = d loss / d output [B, out], through the last forward's activations: with `weights`, the
         weights' and biases' gradients written into their .grad (and None: nobody reads the data's gradient); else
         (a critic read through detached weights) d loss / d x [B, in] alone."""
-        for i in reversed(range(len(self.layers))):
-            layer, below = self.layers[i], self.x if i == 0 else self.outputs[i - 1]
+        for i in reversed(range(len(self.params))):
+            (weight, bias), below = self.params[i], self.x if i == 0 else self.outputs[i - 1]
             if weights:
-                assert layer.weight.grad is not None and layer.bias.grad is not None  # flat Adam's views
-                torch.mm(grad.t(), below, out=layer.weight.grad)
-                torch.mm(self.ones, grad, out=layer.bias.grad.view(1, -1))
+                assert weight.grad is not None and bias.grad is not None  # flat Adam's views
+                torch.mm(grad.t(), below, out=weight.grad)
+                torch.mm(self.ones, grad, out=bias.grad.view(1, -1))
             if i == 0 and weights:
                 return None
-            torch.mm(grad, layer.weight, out=self.input_grads[i])
+            torch.mm(grad, weight, out=self.input_grads[i])
             if i > 0:  # ReLU's backward, in place: zero where the unit was off
                 torch.ops.aten.threshold_backward.grad_input(
                     self.input_grads[i], below, 0.0, grad_input=self.input_grads[i]

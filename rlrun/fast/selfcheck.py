@@ -162,6 +162,33 @@ class CheckedPolicy(_CheckedActing[Acting]):
         return ours if self._agrees((ours,), (expected,)) else expected
 
 
+class CheckedExploration:
+    """SAC's and TD3's exploration part (a vector step's observations -> their exploring actions): numpy acting, checked
+    against the reference part on the first observations it acts on (the same noise: torch's generator is put back
+    between the two), and the reference for the rest of the run if their actions differ."""
+
+    NAME, REFERENCE = "numpy exploration", "algos/ (unit_actions) and models/continuous.py"
+
+    def __init__(self, fast: Callable[[np.ndarray], np.ndarray], reference: Callable[[np.ndarray], np.ndarray]):
+        self.fast, self.reference = fast, reference
+        self.active, self.checked = fast, False
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        if self.checked:
+            return self.active(obs)
+        self.checked = True
+        before = torch.get_rng_state()
+        expected = self.reference(obs)
+        after_reference = torch.get_rng_state()
+        torch.set_rng_state(before)
+        ours = self.fast(obs)
+        if not steps_aside(self.NAME, self.REFERENCE, difference(torch.from_numpy(ours), torch.from_numpy(expected))):
+            return ours
+        self.active = self.reference
+        torch.set_rng_state(after_reference)  # the generator as the reference left it: the reference's run
+        return expected
+
+
 class CheckedBatchedPolicy(_CheckedActing[BatchedActing]):
     """A batch of seeds' acting part (BatchedActing: .act with the seeds' noise, .value): numpy acting, checked against
     the stacked model on the first observations it acts on or values (the noise is given, so both draw nothing), and

@@ -90,9 +90,13 @@ class RunLog:
         preempting = "preempted" in collected  # on every rank alike
         names = [k for k in stats if k != "epochs"]
         own = [stop_requested, collected["env_steps"], preempting and collected["preempted"], len(returns)]
-        own += [returns.sum(), lengths.sum(), *(stats[k] for k in names)]
+        sums = (returns.sum(), lengths.sum()) if len(returns) else (0.0, 0)  # (most iterations end no episode)
+        own += [*sums, *(stats[k] for k in names)]
         # Each rank's row as Python floats: a handful of numbers per rank, where numpy's calls cost more than the sums.
-        rows = self.ctx.gather_all(torch.tensor([float(x) for x in own], dtype=torch.float64)).tolist()
+        # One process has its own row alone (a tensor made and read back for it cost more than its off-policy step's
+        # acting).
+        row = [float(x) for x in own]
+        rows = self.ctx.gather_all(torch.tensor(row, dtype=torch.float64)).tolist() if self.ctx.distributed else [row]
         counts = [int(r[_EPISODES]) for r in rows]
         self.episodes_per_rank += counts
         p = self.pending

@@ -465,7 +465,7 @@ def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activati
     steps = ["target Q without modules", "critic step without autograd"]
     steps += ["target actions without modules"] if algo == "td3" else []
     steps += ["actor step without autograd"]
-    expected = ["flat Adam", "flat targets"] + (steps if activation == "relu" else [])
+    expected = ["flat Adam", "flat targets"] + (["numpy exploration", *steps] if activation == "relu" else [])
     assert [applied for _, applied in runs] == [[], expected]
     (reference, _), (fast, _) = runs
     for name, value in reference.model.state_dict().items():
@@ -505,7 +505,8 @@ def test_a_frozen_layer_keeps_the_reference_steps(algo):
     a = build_algo(config(batch_size=16), model, PENDULUM, torch.device("cpu"))
     a.model.critic.critics[0][0].requires_grad_(False)
     targets = ["target Q without modules"] + (["target actions without modules"] if algo == "td3" else [])
-    assert accelerate(a, None) == ["flat Adam"] + targets  # no flat targets: flat Adam holds no frozen layer
+    # No flat targets (flat Adam holds no frozen layer); the actor, not frozen, still explores in numpy.
+    assert accelerate(a, None) == ["flat Adam", "numpy exploration"] + targets
     a.updates = 1
     a.learn(sac_batch(16), torch.ones(16))
 
@@ -666,3 +667,53 @@ def test_a_rank_runs_numpys_matrix_products_on_one_blas_thread():
     assert out.returncode == 0, out.stderr[-2000:]
     before, after = map(int, out.stdout.split())
     assert after == 1, (before, after)
+
+
+def explorer(algo_name: str, fast: bool, num_envs: int, **settings):
+    """SAC or TD3 on Pendulum-shaped observations of `num_envs` envs, its networks seeded alike, past its warm-up."""
+    from dataclasses import replace
+
+    from rlrun.algos import SACConfig, TD3Config, build_algo
+
+    torch.manual_seed(0)
+    config = SACConfig if algo_name == "sac" else TD3Config
+    spec = replace(PENDULUM, num_envs=num_envs)
+    a = build_algo(
+        config(fast=fast, **settings), ModelConfig(hidden_sizes=[32, 32], activation="relu"), spec, torch.device("cpu")
+    )
+    applied = accelerate(a, None)
+    a.updates = 1  # the policy acts (before the first update, exploring is uniform)
+    return a, applied
+
+
+@pytest.mark.parametrize(
+    "algo_name, settings",
+    [("sac", {}), ("td3", {}), ("td3", {"exploration_noise": 0.0}), ("td3", {"exploration_noise": 0.9})],
+)
+@pytest.mark.parametrize("num_envs", [1, 5])
+def test_numpy_exploration_acts_as_the_reference(algo_name, settings, num_envs, caplog):
+    """SAC's and TD3's exploring actions in numpy are the reference's on the same draws, step after step, and leave
+    torch's generator where the reference leaves it: the envs get the same actions and the replay stores them."""
+    runs = [explorer(algo_name, fast, num_envs, **settings) for fast in (True, False)]
+    assert [applied[:3] for _, applied in runs] == [["flat Adam", "flat targets", "numpy exploration"], []]
+    rng = np.random.default_rng(0)
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        for step in range(6):
+            obs = rng.normal(scale=3.0, size=(num_envs, 3)).astype(np.float32)
+            (fast, _), (ref, _) = runs
+            torch.manual_seed(step)
+            actions, stored = fast.explore(obs, 0.0)
+            state = torch.get_rng_state()
+            torch.manual_seed(step)
+            ref_actions, ref_stored = ref.explore(obs, 0.0)
+            assert torch.equal(state, torch.get_rng_state())
+            assert stored.dtype == ref_stored.dtype == np.float32 and stored.shape == (num_envs, 1)
+            np.testing.assert_allclose(stored, ref_stored, rtol=0, atol=1e-6)
+            np.testing.assert_allclose(actions, ref_actions, rtol=0, atol=1e-5)
+            clipped = np.abs(ref_stored) == 1.0
+            assert np.array_equal(np.abs(stored) == 1.0, clipped)  # TD3's noisy actions clipped alike
+    assert not caplog.records  # the check passed: no stepping aside
+    if settings.get("exploration_noise") == 0.0:  # no noise: deterministic, and nothing drawn
+        torch.manual_seed(0)
+        first = runs[0][0].explore(obs, 0.0)[1]
+        assert np.array_equal(first, runs[0][0].explore(obs, 0.0)[1])

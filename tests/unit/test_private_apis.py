@@ -95,6 +95,18 @@ def _omegaconf_get_node() -> None:
     assert isinstance(OmegaConf.structured(Schema)._get_node("a"), IntegerNode)
 
 
+def _add_relu() -> None:
+    """torch.ops.aten._add_relu_(out, bias) adds a bias row to every row of `out` and applies ReLU in place, with the
+    bits addmm's product plus bias and relu_ give."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(64, 48, generator=g), torch.randn(32, 48, generator=g), torch.randn(32, generator=g)
+    out = torch.mm(x, w.t())
+    torch.ops.aten._add_relu_(out, b)
+    assert torch.equal(out, torch.addmm(b, x, w.t()).relu_())
+
+
 def _ale_env_internals() -> None:
     """AtariEnv._action_set maps an action index to the ALE's action (the minimal set unless full_action_space), and
     _frameskip is an int frame count (AtariPreprocessing reads it too)."""
@@ -197,6 +209,13 @@ PRIVATE_APIS = [
         "rlrun/compose/hydra_compat.py",
         "a key's node type (IntegerNode) without resolving its value",
         _omegaconf_get_node,
+    ),
+    PrivateApi(
+        "torch.ops.aten._add_relu_",
+        "torch",
+        "rlrun/fast/continuous_steps.py (BareMLP)",
+        "a hidden layer's bias and ReLU in one pass over the product (addmm copies the bias into its output first)",
+        _add_relu,
     ),
     PrivateApi(
         "ale_py AtariEnv._action_set, _frameskip",

@@ -6,6 +6,7 @@ aside and train what the reference path (algo.fast=false) trains; an unedited ru
 the run of the same accelerations without their checks."""
 
 import logging
+import math
 import re
 from dataclasses import replace
 
@@ -430,3 +431,33 @@ def test_an_edited_sac_or_td3_network_is_what_trains(algo, edit, expected, monke
     network = continuous_models.TwinQ if edit is leaky_twin_q else continuous_models.DeterministicActor
     monkeypatch.setattr(network, "forward", edit)
     assert_continuous_trains_the_reference(algo, expected, caplog)
+
+
+def wider_gaussian_actor(self, obs, noise):
+    """GaussianActor.forward edited to explore twice as wide: what SAC's exploration reads."""
+    mean, log_std = self._moments(obs)
+    return continuous_models.squashed_gaussian(mean, log_std + math.log(2.0), noise)
+
+
+@pytest.mark.parametrize(
+    "algo, network, edit",
+    [
+        ("td3", continuous_models.DeterministicActor, halved_deterministic_actor),
+        ("sac", continuous_models.GaussianActor, wider_gaussian_actor),
+    ],
+)
+def test_edited_exploration_is_what_acts(algo, network, edit, monkeypatch, caplog):
+    """With an actor edited in models/, numpy exploration steps aside at its first step with one line, and that step
+    and the next are the edited reference's own actions, drawn from torch's generator as the reference draws them."""
+    from tests.unit.test_fast_paths import explorer
+
+    monkeypatch.setattr(network, "forward", edit)
+    (fast, _), (ref, _) = explorer(algo, True, 3), explorer(algo, False, 3)
+    obs = np.random.default_rng(0).normal(size=(3, 3)).astype(np.float32)
+    torch.manual_seed(5)
+    with caplog.at_level(logging.WARNING, logger="rlrun"):
+        ours = [fast.explore(obs, 0.0)[1] for _ in range(2)]
+    torch.manual_seed(5)
+    expected = [ref.explore(obs, 0.0)[1] for _ in range(2)]
+    assert set(stepped_aside(caplog)) == {"numpy exploration"}
+    assert all(np.array_equal(a, b) for a, b in zip(ours, expected, strict=True))
