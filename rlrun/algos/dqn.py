@@ -224,7 +224,8 @@ class DQN(ReplayAlgorithm):
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
         """Greedy actions (deterministic) or epsilon-greedy with the final epsilon, for evaluation and play.
         (`starts`, the envs whose episodes begin here, matters only to policies with memory.)"""
-        self.model.eval()
+        if self.modal:  # (else a walk over every module at every step of an evaluation, for nothing)
+            self.model.eval()
         noise = next(self.draw_noise(1, len(obs)))
         return self.epsilon_greedy(obs, 0.0 if deterministic else self.cfg.end_e, noise)
 

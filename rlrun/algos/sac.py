@@ -72,9 +72,12 @@ class SACActorLearner(nn.Module):
 
 @dataclass
 class SACParts(CriticParts):
-    """The critics' parts (continuous.py) and the actor's and temperature's step: (obs, noise [B, A]) ->
-    SACActorLearner's (loss, actor loss, temperature loss, entropy), after their optimizers' steps (SAC.actor_step)."""
+    """The critics' parts (continuous.py); the next actions the targets read: (next obs, noise [B, A]) -> (actions
+    [B, A], log-probs [B]) of the online actor (the reference: the module, GaussianActor's forward); and the actor's and
+    temperature's step: (obs, noise [B, A]) -> SACActorLearner's (loss, actor loss, temperature loss, entropy), after
+    their optimizers' steps (SAC.actor_step)."""
 
+    next_actions: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
     actor_step: Callable[[Tensor, Tensor], tuple[Tensor, Tensor, Tensor, Tensor]]
 
 
@@ -117,6 +120,7 @@ class SAC(ReplayAlgorithm):
             targets,
             polyak_update,
             reference_exploration(self),
+            nets.actor,
             self.actor_step,
         )
         # Under DDP each optimizer's parameters have a learner of their own (continuous.py says why).
@@ -167,7 +171,8 @@ class SAC(ReplayAlgorithm):
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
         """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
-        self.model.eval()
+        if self.modal:  # (else a walk over every module at every step of an evaluation, for nothing)
+            self.model.eval()
         return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
 
     def learner_state(self) -> dict[str, Any]:
@@ -186,7 +191,7 @@ class SAC(ReplayAlgorithm):
         if noise is None:
             noise = torch.randn(1 + c.policy_frequency, len(obs), self.bounds.dim, device=self.device)
         with torch.no_grad():
-            next_actions, next_log_prob = nets.actor(batch["next_obs"], noise[0])
+            next_actions, next_log_prob = self.parts.next_actions(batch["next_obs"], noise[0])
             next_q = self.parts.target_q(batch["next_obs"], next_actions).min(0).values
             alpha = nets.log_alpha.exp()
             targets = soft_q_targets(batch["returns"], batch["discount"], next_q, next_log_prob, alpha)

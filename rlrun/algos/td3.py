@@ -148,7 +148,8 @@ class TD3(ReplayAlgorithm):
     @torch.inference_mode()
     def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
         """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
-        self.model.eval()
+        if self.modal:  # (else a walk over every module at every step of an evaluation, for nothing)
+            self.model.eval()
         return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
 
     def learner_state(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from rlrun.fast.channels_last import ChannelsLast
 from rlrun.fast.continuous_steps import (
     ActorStepWithoutAutograd,
     CriticStepWithoutAutograd,
+    NextActionsWithoutModules,
     SACActorStepWithoutAutograd,
     TargetActionsWithoutModules,
     TargetQWithoutModules,
@@ -256,26 +257,44 @@ def _accelerate_continuous(algo: SAC | TD3, parts: CriticParts) -> list[str]:
         fast = CriticStepWithoutAutograd(critic, critic_optimizer, scale, c.batch_size, c.name)
         parts.critic_step = CheckedStep(fast, parts.critic_step, [critic_optimizer], names)
         applied.append("critic step without autograd")
-    if isinstance(parts, SACParts) and isinstance(algo, SAC) and isinstance(actor, GaussianActor):
-        alpha_optimizer, log_alpha = algo.alpha_optimizer, algo.model.log_alpha
-        optimizers = [o for o in (actor_optimizer, alpha_optimizer) if o is not None]
-        if critics_bare and bare_mlp(actor.net) and all(isinstance(o, FlatAdam) for o in optimizers):
-            # As the critics': the actor's and temperature's losses through the smaller critic, tanh and the
-            # reparameterized log-density, without autograd. Checked against SAC.actor_step on the first update.
-            assert isinstance(log_alpha, nn.Parameter) and isinstance(actor_optimizer, FlatAdam)
-            names = ("actor step without autograd", "algos/sac.py (SAC.actor_step)")
-            temperature = (log_alpha, algo.target_entropy)
-            steps = (actor_optimizer, cast(FlatAdam | None, alpha_optimizer))
-            fast_sac = SACActorStepWithoutAutograd(actor, critic, *temperature, c.batch_size, steps)
-            parts.actor_step = CheckedStep(fast_sac, parts.actor_step, cast(list[FlatAdam], optimizers), names)
-            applied.append("actor step without autograd")
-    if isinstance(parts, TD3Parts) and isinstance(actor_target, DeterministicActor):
-        if relu_mlp(actor_target.net):  # as the target critics'
-            names = ("target actions without modules", "models/continuous.py (DeterministicActor)")
-            fast_targets = TargetActionsWithoutModules(actor_target)
-            parts.target_actions = CheckedStep(fast_targets, parts.target_actions, [], names)
-            applied.append("target actions without modules")
-    if isinstance(parts, TD3Parts) and isinstance(actor, DeterministicActor) and isinstance(actor_optimizer, FlatAdam):
+    if isinstance(parts, SACParts) and isinstance(algo, SAC):
+        applied += _sac_steps(algo, parts, critic, critics_bare)
+    if isinstance(parts, TD3Parts) and isinstance(algo, TD3):
+        applied += _td3_steps(algo, parts, critic)
+    return applied
+
+
+def _sac_steps(algo: SAC, parts: SACParts, critic: TwinQ, critics_bare: bool) -> list[str]:
+    c, actor, actor_optimizer, applied = algo.cfg, algo.model.actor, algo.actor_optimizer, []
+    if not isinstance(actor, GaussianActor):
+        return []
+    if relu_mlp(actor.net):  # as TD3's target actions: the next actions' forward without the module
+        names = ("next actions without modules", "models/continuous.py (GaussianActor)")
+        parts.next_actions = CheckedStep(NextActionsWithoutModules(actor), parts.next_actions, [], names)
+        applied.append("next actions without modules")
+    alpha_optimizer, log_alpha = algo.alpha_optimizer, algo.model.log_alpha
+    optimizers = [o for o in (actor_optimizer, alpha_optimizer) if o is not None]
+    if critics_bare and bare_mlp(actor.net) and all(isinstance(o, FlatAdam) for o in optimizers):
+        # As the critics': the actor's and temperature's losses through the smaller critic, tanh and the
+        # reparameterized log-density, without autograd. Checked against SAC.actor_step on the first update.
+        assert isinstance(log_alpha, nn.Parameter) and isinstance(actor_optimizer, FlatAdam)
+        names = ("actor step without autograd", "algos/sac.py (SAC.actor_step)")
+        temperature = (log_alpha, algo.target_entropy)
+        steps = (actor_optimizer, cast(FlatAdam | None, alpha_optimizer))
+        fast_sac = SACActorStepWithoutAutograd(actor, critic, *temperature, c.batch_size, steps)
+        parts.actor_step = CheckedStep(fast_sac, parts.actor_step, cast(list[FlatAdam], optimizers), names)
+        applied.append("actor step without autograd")
+    return applied
+
+
+def _td3_steps(algo: TD3, parts: TD3Parts, critic: TwinQ) -> list[str]:
+    c, nets, actor_optimizer, applied = algo.cfg, algo.model, algo.actor_optimizer, []
+    actor, actor_target = nets.actor, nets.actor_target
+    if isinstance(actor_target, DeterministicActor) and relu_mlp(actor_target.net):  # as the target critics'
+        names = ("target actions without modules", "models/continuous.py (DeterministicActor)")
+        parts.target_actions = CheckedStep(TargetActionsWithoutModules(actor_target), parts.target_actions, [], names)
+        applied.append("target actions without modules")
+    if isinstance(actor, DeterministicActor) and isinstance(actor_optimizer, FlatAdam):
         if bare_mlp(actor.net) and bare_mlp(critic.critics[0]):
             # As the critics': the actor's loss through the first critic and tanh, without autograd. Checked against
             # TD3.actor_step on the first update.

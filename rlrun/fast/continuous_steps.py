@@ -1,10 +1,10 @@
 """SAC's and TD3's gradient steps without autograd: the twin critics' step (continuous.py's CriticStep), TD3's actor
-step and SAC's actor and temperature step; and their target networks' forward passes without the modules. Their forward
-and backward passes are written out for rlrun's ReLU MLPs on activation buffers allocated once, each gradient written by
-its matrix product straight into flat Adam's buffer: the same products as autograd's (the update's cost at 256-wide
-layers), without the graph, the outputs autograd allocates, the gradients it accumulates and zeroes, and ReLU's backward
-as a new tensor. Checked against the reference steps on the first update (selfcheck.CheckedStep), as are the target
-passes."""
+step and SAC's actor and temperature step; and their target networks' forward passes (and SAC's next actions) without
+the modules. Their forward and backward passes are written out for rlrun's ReLU MLPs on activation buffers allocated
+once, each gradient written by its matrix product straight into flat Adam's buffer: the same products as autograd's (the
+update's cost at 256-wide layers), without the graph, the outputs autograd allocates, the gradients it accumulates and
+zeroes, and ReLU's backward as a new tensor. Checked against the reference steps on the first update
+(selfcheck.CheckedStep), as are the forward passes."""
 
 from __future__ import annotations
 
@@ -122,6 +122,19 @@ class TargetActionsWithoutModules:
     @torch.no_grad()
     def __call__(self, obs: Tensor) -> Tensor:
         return torch.tanh(self.actor.forward(obs.flatten(1).float()))
+
+
+class NextActionsWithoutModules:
+    """SAC's next actions and their log-densities (GaussianActor's forward, on the online actor: SACParts.next_actions),
+    as TargetQWithoutModules."""
+
+    def __init__(self, actor: GaussianActor):
+        self.actor = BareMLP(actor.net)
+
+    @torch.no_grad()
+    def __call__(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        mean, raw_log_std = self.actor.forward(obs.flatten(1).float()).chunk(2, -1)
+        return squashed_gaussian(mean, raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX), noise)
 
 
 class CriticStepWithoutAutograd:

@@ -22,7 +22,7 @@ from rlrun.config import AtariConfig, EnvConfig, ModelConfig
 from rlrun.envs import SyncEnvs, env_seeds, make_env
 from rlrun.errors import NonFiniteError
 from rlrun.fast import accelerate
-from rlrun.fast.continuous_steps import TargetActionsWithoutModules, TargetQWithoutModules
+from rlrun.fast.continuous_steps import NextActionsWithoutModules, TargetActionsWithoutModules, TargetQWithoutModules
 from rlrun.fast.flat_adam import FlatAdam
 from rlrun.fast.flat_polyak import FlatPolyak, flattenable
 from rlrun.fast.fused_ppo import FusedPPOLearner, FusedPPOLoss, fusable, fused_params
@@ -30,7 +30,7 @@ from rlrun.fast.numpy_policy import NumpyPolicy
 from rlrun.fast.numpy_ppo import NumpyPPOLoss
 from rlrun.models import build_actor_critic
 from rlrun.models import distributions as D
-from rlrun.models.continuous import DeterministicActor, TwinQ
+from rlrun.models.continuous import DeterministicActor, GaussianActor, TwinQ
 from tests.conftest import PENDULUM, continuous_run, sac_batch
 
 OBS = gym.spaces.Box(-1, 1, (5,))
@@ -169,12 +169,20 @@ def test_flat_targets_follow_polyak_update_to_the_bit():
 
 
 def test_target_passes_without_modules_are_the_modules_forward():
+    """The target critics', TD3's target actor's and SAC's next actions' passes without the modules give the modules'
+    outputs to the bit (a hidden layer's bias and ReLU as one pass included), log-std clamped where it is large."""
     torch.manual_seed(0)
     critic, actor = TwinQ(3, 2, [32, 32], "relu"), DeterministicActor(3, 2, [32, 32], "relu")
+    gaussian = GaussianActor(3, 2, [32, 32], "relu")
+    with torch.no_grad():
+        gaussian.net[-1].bias[2:] += torch.tensor([-30.0, 5.0])  # log-stds below and above their bounds
     obs, actions = torch.randint(0, 255, (16, 3), dtype=torch.uint8), torch.rand(16, 2) * 2 - 1  # any obs dtype
+    noise = torch.randn(16, 2)
     with torch.no_grad():
         assert torch.equal(TargetQWithoutModules(critic)(obs, actions), critic(obs, actions))
         assert torch.equal(TargetActionsWithoutModules(actor)(obs), actor(obs))
+        for ours, expected in zip(NextActionsWithoutModules(gaussian)(obs, noise), gaussian(obs, noise), strict=True):
+            assert torch.equal(ours, expected)
 
 
 def test_flat_adam_flushes_denormal_moments_and_keeps_the_parameters_to_the_bit():
@@ -463,7 +471,7 @@ def test_sac_and_td3_updates_with_and_without_accelerations_agree(algo, activati
         runs = [continuous_run(algo, fast, activation, **settings) for fast in (False, True)]
     assert not caplog.records  # no acceleration stepped aside: the last two updates ran them alone
     steps = ["target Q without modules", "critic step without autograd"]
-    steps += ["target actions without modules"] if algo == "td3" else []
+    steps += ["target actions without modules"] if algo == "td3" else ["next actions without modules"]
     steps += ["actor step without autograd"]
     expected = ["flat Adam", "flat targets"] + (["numpy exploration", *steps] if activation == "relu" else [])
     assert [applied for _, applied in runs] == [[], expected]
@@ -504,7 +512,10 @@ def test_a_frozen_layer_keeps_the_reference_steps(algo):
     model = ModelConfig(hidden_sizes=[16, 16], activation="relu")  # (the steps without autograd's networks)
     a = build_algo(config(batch_size=16), model, PENDULUM, torch.device("cpu"))
     a.model.critic.critics[0][0].requires_grad_(False)
-    targets = ["target Q without modules"] + (["target actions without modules"] if algo == "td3" else [])
+    targets = [
+        "target Q without modules",
+        "target actions without modules" if algo == "td3" else "next actions without modules",
+    ]
     # No flat targets (flat Adam holds no frozen layer); the actor, not frozen, still explores in numpy.
     assert accelerate(a, None) == ["flat Adam", "numpy exploration"] + targets
     a.updates = 1

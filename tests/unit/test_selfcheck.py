@@ -419,24 +419,25 @@ def halved_deterministic_actor(self, obs):
 CRITICS_READ = {"target Q without modules", "critic step without autograd", "actor step without autograd"}
 
 
+def wider_gaussian_actor(self, obs, noise):
+    """GaussianActor.forward edited to explore twice as wide: SAC's next actions, its actor's loss and exploration."""
+    mean, log_std = self._moments(obs)
+    return continuous_models.squashed_gaussian(mean, log_std + math.log(2.0), noise)
+
+
 @pytest.mark.parametrize(
     "algo, edit, expected",
     [
         ("sac", leaky_twin_q, CRITICS_READ),
         ("td3", leaky_twin_q, CRITICS_READ),
         ("td3", halved_deterministic_actor, {"target actions without modules", "actor step without autograd"}),
+        ("sac", wider_gaussian_actor, {"next actions without modules", "actor step without autograd"}),
     ],
 )
 def test_an_edited_sac_or_td3_network_is_what_trains(algo, edit, expected, monkeypatch, caplog):
-    network = continuous_models.TwinQ if edit is leaky_twin_q else continuous_models.DeterministicActor
-    monkeypatch.setattr(network, "forward", edit)
+    networks = {leaky_twin_q: continuous_models.TwinQ, wider_gaussian_actor: continuous_models.GaussianActor}
+    monkeypatch.setattr(networks.get(edit, continuous_models.DeterministicActor), "forward", edit)
     assert_continuous_trains_the_reference(algo, expected, caplog)
-
-
-def wider_gaussian_actor(self, obs, noise):
-    """GaussianActor.forward edited to explore twice as wide: what SAC's exploration reads."""
-    mean, log_std = self._moments(obs)
-    return continuous_models.squashed_gaussian(mean, log_std + math.log(2.0), noise)
 
 
 @pytest.mark.parametrize(
