@@ -725,6 +725,6 @@ def test_numpy_exploration_acts_as_the_reference(algo_name, settings, num_envs, 
             assert np.array_equal(np.abs(stored) == 1.0, clipped)  # TD3's noisy actions clipped alike
     assert not caplog.records  # the check passed: no stepping aside
     if settings.get("exploration_noise") == 0.0:  # no noise: deterministic, and nothing drawn
-        torch.manual_seed(0)
+        state = torch.get_rng_state()
         first = runs[0][0].explore(obs, 0.0)[1]
-        assert np.array_equal(first, runs[0][0].explore(obs, 0.0)[1])
+        assert np.array_equal(first, runs[0][0].explore(obs, 0.0)[1]) and torch.equal(state, torch.get_rng_state())
