@@ -1,8 +1,9 @@
 """The parts SAC (sac.py) and TD3 (td3.py) are composed of, beside the replay they share with DQN (off_policy.py):
 actions in [-1, 1]^A inside the algorithm and scaled to the env's bounds outside it, uniform until updates start
-(ActionBounds); the twin critics' learner and its optimizer step (CriticLearner, reference_critic_step), the target
-critics' Q-values and the targets' Polyak update: parts an acceleration may replace, in CriticParts; the networks' and
-optimizers' state (learner_state, load_learner_state).
+(ActionBounds), and the acting built on them (ContinuousAlgorithm, their base); the twin critics' learner and its
+optimizer step (CriticLearner, reference_critic_step), the target critics' Q-values, the targets' Polyak update and the
+exploring actions: parts an acceleration may replace, in CriticParts; the networks' and optimizers' state
+(learner_state, load_learner_state).
 
 Under DDP each optimizer's parameters have a learner of their own, wrapped on its own. The actor's loss reads Q through
 weights cut from autograd (TwinQ's detached=True), so it never sends gradients into the critics, whose reducer would
@@ -86,26 +87,6 @@ Exploration = Callable[[np.ndarray], np.ndarray]
 Polyak = Callable[[nn.Module, nn.Module, float], None]
 
 
-class ActingAlgorithm(Protocol):
-    """What the reference exploration reads of SAC or TD3."""
-
-    obs_dtype: torch.dtype
-    device: torch.device
-
-    def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor: ...
-
-
-def reference_exploration(algo: ActingAlgorithm) -> Exploration:
-    """The policy's exploring actions: unit_actions on the observations as a tensor, back as numpy."""
-
-    def explore(obs: np.ndarray) -> np.ndarray:
-        tensor = torch.as_tensor(obs, dtype=algo.obs_dtype, device=algo.device)
-        actions: np.ndarray = algo.unit_actions(tensor, deterministic=False).cpu().numpy()
-        return actions
-
-    return explore
-
-
 class CriticsAlgorithm(Protocol):
     """What the reference critic step reads of SAC or TD3, at each call: DDP wraps the learner after the parts are
     made, and the optimizer is made on first use."""
@@ -140,6 +121,36 @@ class CriticParts:
     target_q: TargetQ
     polyak: Polyak
     exploration: Exploration
+
+
+class ContinuousAlgorithm(ReplayAlgorithm):
+    """What SAC and TD3 share of acting: the policy's actions in [-1, 1]^A (unit_actions) scaled to the env's bounds;
+    exploring through their parts' exploration once updates start, uniform before (as SB3's and CleanRL's warm-up)."""
+
+    bounds: ActionBounds
+    parts: CriticParts
+    # rlrun's MLPs (no user networks here) act alike in train and eval mode: no switch between them, each a walk over
+    # every module (at every step of an evaluation).
+    modal = False
+
+    def unit_actions(self, obs: Tensor, deterministic: bool) -> Tensor:
+        """The policy's actions in [-1, 1]^A for observations [N, ...]: deterministic, or exploring."""
+        raise NotImplementedError
+
+    def exploring_actions(self, obs: np.ndarray) -> np.ndarray:
+        """The reference of the exploration part: unit_actions on the observations as a tensor, back as numpy."""
+        actions: np.ndarray = self.unit_actions(self._obs(obs), deterministic=False).cpu().numpy()
+        return actions
+
+    @torch.inference_mode()
+    def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
+        policy = None if self.updates == 0 else lambda: self.parts.exploration(obs)
+        return self.bounds.explore(len(obs), policy)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
+        """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
+        return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
 
 
 def critic_stats(step: tuple[Tensor, Tensor, Tensor], batch_size: int) -> tuple[dict[str, Tensor], Tensor]:

@@ -21,17 +21,17 @@ from torch import Tensor, nn
 
 from rlrun.algos.configs import SACConfig
 from rlrun.algos.continuous import (
+    ContinuousAlgorithm,
     CriticLearner,
     CriticParts,
     critic_stats,
     learner_state,
     load_learner_state,
     reference_critic_step,
-    reference_exploration,
     replay_layout,
 )
 from rlrun.algos.finite import require_finite
-from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
+from rlrun.algos.off_policy import polyak_update
 from rlrun.algos.parts import Optimizer, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
@@ -93,12 +93,12 @@ class SACNetworks(nn.Module):
         self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.alpha)), requires_grad=cfg.autotune)
 
 
-class SAC(ReplayAlgorithm):
+class SAC(ContinuousAlgorithm):
     """Each update steps the critics, then (every policy_frequency updates, that many times) the actor and the
     temperature, then (every target_update_interval updates) the critics' targets. Composed of continuous.py's parts
     (the action bounds, the critics' learner and step, the networks' state) on the shared replay (off_policy.py)."""
 
-    modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
+    parts: SACParts
 
     def __init__(
         self,
@@ -119,7 +119,7 @@ class SAC(ReplayAlgorithm):
             critic_step,
             targets,
             polyak_update,
-            reference_exploration(self),
+            self.exploring_actions,
             nets.actor,
             self.actor_step,
         )
@@ -162,18 +162,6 @@ class SAC(ReplayAlgorithm):
             return self.model.actor.mode(obs)
         actions: Tensor = self.model.actor(obs, torch.randn(len(obs), self.bounds.dim, device=self.device))[0]
         return actions
-
-    @torch.inference_mode()
-    def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
-        policy = None if self.updates == 0 else lambda: self.parts.exploration(obs)
-        return self.bounds.explore(len(obs), policy)
-
-    @torch.inference_mode()
-    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
-        """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
-        if self.modal:  # (else a walk over every module at every step of an evaluation, for nothing)
-            self.model.eval()
-        return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
 
     def learner_state(self) -> dict[str, Any]:
         return learner_state(self.model, self.optimizers())

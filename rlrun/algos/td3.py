@@ -20,17 +20,17 @@ from torch import Tensor, nn
 
 from rlrun.algos.configs import TD3Config
 from rlrun.algos.continuous import (
+    ContinuousAlgorithm,
     CriticLearner,
     CriticParts,
     critic_stats,
     learner_state,
     load_learner_state,
     reference_critic_step,
-    reference_exploration,
     replay_layout,
 )
 from rlrun.algos.finite import require_finite
-from rlrun.algos.off_policy import ReplayAlgorithm, polyak_update
+from rlrun.algos.off_policy import polyak_update
 from rlrun.algos.parts import Optimizer, adam
 from rlrun.algos.protocol import EnvSpec, Reductions, Wrap
 from rlrun.config import ModelConfig
@@ -78,12 +78,12 @@ class TD3Networks(nn.Module):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
 
 
-class TD3(ReplayAlgorithm):
+class TD3(ContinuousAlgorithm):
     """Each update steps the critics, and every policy_delay updates the actor and both targets. Composed of
     continuous.py's parts (the action bounds, the critics' learner and step, the networks' state) on the shared replay
     (off_policy.py)."""
 
-    modal = False  # rlrun's MLPs (no user networks here) act alike in train and eval mode
+    parts: TD3Parts
 
     def __init__(
         self,
@@ -103,7 +103,7 @@ class TD3(ReplayAlgorithm):
             critic_step,
             targets,
             polyak_update,
-            reference_exploration(self),
+            self.exploring_actions,
             self.model.actor_target,
             self.actor_step,
         )
@@ -139,18 +139,6 @@ class TD3(ReplayAlgorithm):
             return mu
         noisy: Tensor = (mu + self.cfg.exploration_noise * torch.randn(mu.shape, device=self.device)).clamp(-1.0, 1.0)
         return noisy
-
-    @torch.inference_mode()
-    def explore(self, obs: np.ndarray, progress: float) -> tuple[np.ndarray, np.ndarray]:
-        policy = None if self.updates == 0 else lambda: self.parts.exploration(obs)
-        return self.bounds.explore(len(obs), policy)
-
-    @torch.inference_mode()
-    def act(self, obs: np.ndarray, deterministic: bool = True, starts: np.ndarray | None = None) -> np.ndarray:
-        """The policy's actions, deterministic or exploring, scaled to the env's bounds, for evaluation and play."""
-        if self.modal:  # (else a walk over every module at every step of an evaluation, for nothing)
-            self.model.eval()
-        return self.bounds.to_env(self.unit_actions(self._obs(obs), deterministic).cpu().numpy())
 
     def learner_state(self) -> dict[str, Any]:
         return learner_state(self.model, self.optimizers())

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
+from rlrun.fast.fused_dqn import q_forward
 from rlrun.models.continuous import LOG_STD_MAX, LOG_STD_MIN, DeterministicActor, GaussianActor
 
 
@@ -18,18 +18,14 @@ class NumpyExploration:
     log-density left out: acting does not read it), for an actor whose net is a relu_mlp (fast/continuous_steps.py)."""
 
     def __init__(self, actor: DeterministicActor | GaussianActor, noise_scale: float = 0.0):
-        # Views, not copies: flat Adam and load_state_dict update the parameters in place.
-        layers = [m for m in actor.net.children() if isinstance(m, nn.Linear)]
-        self.layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in layers]
+        # Views, not copies: flat Adam and load_state_dict update the parameters in place. A relu_mlp's parameters are
+        # its Linears' weights and biases in order, as DQN's numpy forward takes a Q-network's.
+        self.params = [p.detach().numpy() for p in actor.net.parameters()]
         self.gaussian, self.noise_scale = isinstance(actor, GaussianActor), noise_scale
-        self.dim = self.layers[-1][1].shape[0] // (2 if self.gaussian else 1)
+        self.dim = self.params[-1].shape[0] // (2 if self.gaussian else 1)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        h = obs.reshape(len(obs), -1).astype(np.float32)
-        for i, (w, b) in enumerate(self.layers):
-            h = h @ w + b
-            if i < len(self.layers) - 1:
-                np.maximum(h, 0, out=h)
+        h = q_forward(obs, self.params, relu=True)[1]  # the MLP's output, in numpy
         if self.gaussian:
             mean, log_std = h[:, : self.dim], np.clip(h[:, self.dim :], LOG_STD_MIN, LOG_STD_MAX)
             actions: np.ndarray = np.tanh(mean + np.exp(log_std) * torch.randn(len(obs), self.dim).numpy())

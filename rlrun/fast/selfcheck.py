@@ -112,6 +112,17 @@ class CheckedLearner(nn.Module):
 
 
 A = TypeVar("A", Acting, BatchedActing)
+R = TypeVar("R")
+
+
+def on_the_same_draws(reference: Callable[[], R], fast: Callable[[], R]) -> tuple[R, R, Tensor]:
+    """(reference(), fast(), torch's generator state as the reference left it): the fast part draws from where the
+    reference started, so both act on the same noise, and the generator is then where the fast part left it."""
+    before = torch.get_rng_state()
+    expected = reference()
+    after_reference = torch.get_rng_state()
+    torch.set_rng_state(before)
+    return expected, fast(), after_reference
 
 
 class _CheckedActing(Generic[A]):
@@ -144,11 +155,7 @@ class CheckedPolicy(_CheckedActing[Acting]):
     def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.checked:
             return self.active.act(obs)
-        before = torch.get_rng_state()
-        expected = self.reference.act(obs)
-        after_reference = torch.get_rng_state()
-        torch.set_rng_state(before)
-        ours = self.fast.act(obs)
+        expected, ours, after_reference = on_the_same_draws(lambda: self.reference.act(obs), lambda: self.fast.act(obs))
         if self._agrees(ours, expected):
             return ours
         torch.set_rng_state(after_reference)  # the generator as the reference left it: the reference's run
@@ -177,11 +184,7 @@ class CheckedExploration:
         if self.checked:
             return self.active(obs)
         self.checked = True
-        before = torch.get_rng_state()
-        expected = self.reference(obs)
-        after_reference = torch.get_rng_state()
-        torch.set_rng_state(before)
-        ours = self.fast(obs)
+        expected, ours, after_reference = on_the_same_draws(lambda: self.reference(obs), lambda: self.fast(obs))
         if not steps_aside(self.NAME, self.REFERENCE, difference(torch.from_numpy(ours), torch.from_numpy(expected))):
             return ours
         self.active = self.reference
