@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlrun.config import CONF_DIR, PlayConfig, TrainConfig, validate_play
 from rlrun.errors import Fault, FolderHeld, Interrupted, NonFiniteError, NothingToDo, UserError
 from rlrun.training.signals import (
-    TorchLoadsHeld,
+    LoadsHeld,
     exit_at_once_on_a_further_signal,
     ignore_stops_after_exit_handlers,
     quiet_lost_signals,
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, _interrupted)  # not Python's own: see Interrupted
     atexit.register(ignore_stops_after_exit_handlers)  # first, so it runs after the exit handlers registered later
     quiet_lost_signals()
-    sys.meta_path.insert(0, TorchLoadsHeld())
+    sys.meta_path.insert(0, LoadsHeld())
     # SIGTERM at start-up as Ctrl-C: one line, and the run folder let go (it ended the process at once, silently,
     # leaving the lock file). Not in a rank of a job: a Python handler cannot run while the rank waits in the C++
     # rendezvous for a peer that may never come, and SIGTERM's default is what ends it then.

@@ -52,14 +52,21 @@ def forget_raised() -> None:
     _raised = None
 
 
-class TorchLoadsHeld(importlib.abc.MetaPathFinder):
-    """In sys.meta_path (the CLI's first step): wherever torch is first imported (a checkpoint's load, the run, a user's
-    env module), SIGINT and SIGTERM are only noted while it loads. A handler's exception raised inside torch's C++
-    initialisation (which imports Python modules) ended the process in std::terminate ("terminate called after
-    throwing an instance of 'python_error'", SIGABRT, a run folder's lock left behind) or was lost."""
+# Packages whose C++ initialisation calls Python, where a start-up handler's exception does worse than get lost:
+# - torch: inside its C++ init (which imports Python modules) it ended the process in std::terminate ("terminate called
+#   after throwing an instance of 'python_error'", SIGABRT, a run folder's lock left behind);
+# - ale_py: inside nanobind's making of its enums, the same ('nanobind::python_error');
+# - mujoco: pybind11 turned it into an ImportError, reported as "env ... needs MuJoCo: pip install 'rlrun[mujoco]'".
+# (Box2D's and others' inits lose it, which raise_missed() covers.)
+HELD_LOADS = frozenset({"torch", "ale_py", "mujoco"})
+
+
+class LoadsHeld(importlib.abc.MetaPathFinder):
+    """In sys.meta_path (the CLI's first step): wherever one of HELD_LOADS is first imported (a checkpoint's load, the
+    run, the env's registry, a user's env module), SIGINT and SIGTERM are only noted while it loads."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != "torch":
+        if name not in HELD_LOADS:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
@@ -78,13 +85,13 @@ class _Held(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        module.__spec__.loader = module.__loader__ = self.loader  # torch's own from here on
+        module.__spec__.loader = module.__loader__ = self.loader  # the package's own from here on
         if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's to change
             self.loader.exec_module(module)
             return
         came: list[int] = []
         # Handlers that note, rather than a blocked mask: a signal the kernel hands another thread still runs the
-        # main thread's handler, inside torch's initialisation.
+        # main thread's handler, inside the package's initialisation.
         handlers: dict[int, Any] = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in _STOPS}
         try:
             self.loader.exec_module(module)
@@ -96,9 +103,9 @@ class _Held(importlib.abc.Loader):
 
 
 def _deliver(handler: Any, signum: int) -> None:
-    """A signal that came while torch loaded, given to its handler now. An exception the handler raises waits for
-    raise_missed(), at start-up's next check: raised here, inside the import, it would leave torch half-imported
-    (initialised, yet out of sys.modules)."""
+    """A signal that came while a held package loaded, given to its handler now. An exception the handler raises waits
+    for raise_missed(), at start-up's next check: raised here, inside the import, it would leave the package
+    half-imported (initialised, yet out of sys.modules)."""
     global _raised
     if not callable(handler):  # the default (a rank of an external job: SIGTERM ends it) or ignored, restored already
         os.kill(os.getpid(), signum)

@@ -288,20 +288,45 @@ def test_a_signal_whose_exception_was_lost_still_ends_start_up(folder, where, si
         assert not (run / ".rlrun.lock").exists() and not (run / "checkpoints").exists()
 
 
-def test_a_signal_while_torch_loads_is_one_line_not_an_abort(folder):
-    """SIGTERM while torch's C++ initialisation imports Python modules (a sitecustomize times it there): the handler's
-    exception raised inside it ended the process in std::terminate (SIGABRT, "terminate called after throwing an
-    instance of 'python_error'", the run folder's lock left). torch now loads with the signals held, so the signal
-    ends start-up as anywhere else: one line, exit 143, the run folder let go."""
+# Where each package's C++ initialisation calls Python (a sitecustomize sends SIGTERM from inside it), and a run that
+# loads it: (the C call it starts in, the Python call it is sent at, the run's overrides).
+HELD = {
+    # torch's C++ initialisation imports Python modules
+    "torch": ("getattr(arg, '__name__', '') == '_c10d_init'", "True", ["total_steps=2048"]),
+    # ale_py's module init: nanobind makes its enums through Python's enum
+    "ale_py": ("entering(frame, arg, 'ale_py._ale_py')", "frame.f_code.co_name == '_create_'", ["env=breakout"]),
+    # mujoco's extension modules (pybind11)
+    "mujoco": (
+        "entering(frame, arg, 'mujoco.')",
+        "True",
+        ["algo=sac", "env=halfcheetah", "total_steps=300", "algo.learning_starts=100"],
+    ),
+}
+
+
+@pytest.mark.parametrize("package", list(HELD))
+def test_a_signal_while_a_package_initialises_is_one_line(folder, package):
+    """SIGTERM while a package's C++ initialisation runs Python code: the handler's exception raised there ended the
+    process in std::terminate (torch's 'python_error', with its run folder's lock left behind; ale_py's
+    'nanobind::python_error': SIGABRT), or became an ImportError that rlrun reported as MuJoCo missing ("pip install
+    'rlrun[mujoco]'", exit 2). These packages now load with the signals held, so the signal ends start-up as anywhere
+    else: one line, exit 143, no run folder left held."""
+    enter, at, overrides = HELD[package]
     (folder / "sitecustomize.py").write_text(
         "import os, signal, sys\n"
         "inside = []\n"
+        "def entering(frame, arg, name):  # importlib calling the init of an extension module named name...\n"
+        "    if getattr(arg, '__name__', '') not in ('create_dynamic', 'exec_dynamic'):\n"
+        "        return False\n"
+        "    target = frame.f_locals.get('args', (None,))[0]  # create_dynamic's spec, exec_dynamic's module\n"
+        "    module = target.__name__ if isinstance(target, type(sys)) else getattr(target, 'name', None)\n"
+        "    return isinstance(module, str) and module.startswith(name)\n"
         "def hook(frame, event, arg):\n"
-        "    if event == 'c_call' and getattr(arg, '__name__', '') == '_c10d_init':\n"
+        f"    if event == 'c_call' and {enter}:\n"
         "        inside.append(arg)\n"
         "    elif event in ('c_return', 'c_exception') and arg in inside:\n"
         "        inside.remove(arg)\n"
-        "    elif event == 'call' and inside:  # a Python function that torch's C++ calls\n"
+        f"    elif event == 'call' and inside and {at}:  # a Python function the package's C++ calls\n"
         "        sys.setprofile(None)\n"
         "        open('sent', 'w').close()\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -309,7 +334,7 @@ def test_a_signal_while_torch_loads_is_one_line_not_an_abort(folder):
     )
     run = folder / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "rlrun", "train", "total_steps=2048", f"hydra.run.dir={run}"],
+        [sys.executable, "-m", "rlrun", "train", *overrides, f"hydra.run.dir={run}"],
         cwd=folder,
         env={**cli_env(), "PYTHONPATH": str(folder)},
         capture_output=True,
@@ -318,5 +343,7 @@ def test_a_signal_while_torch_loads_is_one_line_not_an_abort(folder):
     )
     assert out.returncode == 128 + signal.SIGTERM and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1] == "rlrun: error: stopped by SIGTERM", out.stderr
-    assert (folder / "sent").exists()  # inside torch's initialisation
-    assert (run / ".hydra").is_dir() and not (run / ".rlrun.lock").exists() and not (run / "checkpoints").exists()
+    assert (folder / "sent").exists()  # inside the package's initialisation
+    assert not (run / ".rlrun.lock").exists() and not (run / "checkpoints").exists()
+    if package == "torch":  # it loads after the run folder is made (the others, for the config's env check, before)
+        assert (run / ".hydra").is_dir()
