@@ -43,7 +43,7 @@ def start_worker(sweep_pid: int) -> None:
     import threading
     import time
 
-    from rlrun.training.signals import quiet_lost_signals
+    from rlrun.training.signals import LoadsHeld, quiet_lost_signals
 
     global _sweep_pid
     _sweep_pid = sweep_pid
@@ -58,7 +58,9 @@ def start_worker(sweep_pid: int) -> None:
         signal.signal(s, _idle)
     signal.signal(ABANDON, _abandon)
     quiet_lost_signals()
-    import torch  # noqa: F401  (while the signals are still blocked: rlrun.training.signals.TorchLoadsHeld says why)
+    import torch  # noqa: F401  (while the signals are still blocked: rlrun.training.signals.HELD_LOADS says why)
+
+    sys.meta_path.insert(0, LoadsHeld())  # the others (a job's env) load with them held, as in the CLI
 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS + WARNINGS)
     threading.Thread(target=watch, name="rlrun-sweep-watch", daemon=True).start()

@@ -280,6 +280,49 @@ def test_a_schedulers_warning_stops_a_parallel_sweep_with_a_checkpoint_in_each_j
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_a_signal_while_a_workers_job_loads_ale_py_stops_the_sweep_in_one_line(tmp_path):
+    """SIGTERM to a joblib sweep's worker while its job's env loads ale_py, inside the C++ initialisation that makes
+    its enums through Python (a sitecustomize sends it from there): the job's handler raised inside it and ended the
+    worker in std::terminate ('nanobind::python_error'), so the sweep ended as if a worker had died. ale_py now loads
+    with the signals held in a worker as in the CLI: the jobs stop during start-up, no worker is left, and the sweep's
+    last line continues it."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "inside = []\n"
+        "def hook(frame, event, arg):\n"
+        "    if event == 'c_call' and getattr(arg, '__name__', '') == 'exec_dynamic':\n"
+        "        module = frame.f_locals.get('args', (None,))[0]\n"
+        "        if getattr(module, '__name__', '') == 'ale_py._ale_py':\n"
+        "            inside.append(arg)\n"
+        "    elif event in ('c_return', 'c_exception') and arg in inside:\n"
+        "        inside.remove(arg)\n"
+        "    elif event == 'call' and inside and frame.f_code.co_name == '_create_':  # nanobind making an enum\n"
+        "        sys.setprofile(None)\n"
+        "        if b'LokyProcess' in open('/proc/self/cmdline', 'rb').read():  # in a worker alone\n"
+        "            open(f'sent{os.getpid()}', 'w').close()\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.setprofile(hook)\n"
+    )
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "rlrun", "train", "-m", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    cmd += ["env=breakout", "total_steps=2048", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**cli_env(), "PYTHONPATH": str(tmp_path)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        finish(proc, 10)
+        left = alive(children(proc.pid), 10)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert list(tmp_path.glob("sent*")), out[-3000:]  # inside ale_py's initialisation, in a worker
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in out and "died" not in out, out[-3000:]
+    assert not left, f"workers left running: {left}"
+    assert out.strip().splitlines()[-1] == f"continue the sweep with: rlrun train resume={sweep}", out[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_the_workers_of_a_killed_parallel_sweep_stop_with_a_checkpoint_and_end(tmp_path):
     """SIGKILL to a joblib sweep's process (no handler runs there): its workers notice, stop their jobs as SIGTERM
     would (checkpoint, interrupted summary), and end, where loky's would train on and then wait for good."""
