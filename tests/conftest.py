@@ -82,6 +82,38 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+# Where ale_py's C++ initialisation calls Python: nanobind making its enums through Python's enum (signalling_site's).
+ALE_PY_INIT = ("entering(frame, arg, 'ale_py._ale_py')", "frame.f_code.co_name == '_create_'")
+
+
+def signalling_site(enter: str, at: str, where: str = "True") -> str:
+    """A sitecustomize.py that sends its process SIGTERM, and writes `sent` in its working folder, from inside a C call:
+    at the first Python call (`at`, of `frame`) made while one runs that `enter` (of `frame` and `arg` at a 'c_call';
+    `entering(frame, arg, NAME)` matches importlib running the init of extension modules named NAME...), in a
+    process that `where` picks (checked there)."""
+    return (
+        "import os, signal, sys\n"
+        "inside = []\n"
+        "def entering(frame, arg, name):  # importlib calling the init of an extension module named name...\n"
+        "    if getattr(arg, '__name__', '') not in ('create_dynamic', 'exec_dynamic'):\n"
+        "        return False\n"
+        "    target = frame.f_locals.get('args', (None,))[0]  # create_dynamic's spec, exec_dynamic's module\n"
+        "    module = target.__name__ if isinstance(target, type(sys)) else getattr(target, 'name', None)\n"
+        "    return isinstance(module, str) and module.startswith(name)\n"
+        "def hook(frame, event, arg):\n"
+        f"    if event == 'c_call' and {enter}:\n"
+        "        inside.append(arg)\n"
+        "    elif event in ('c_return', 'c_exception') and arg in inside:\n"
+        "        inside.remove(arg)\n"
+        f"    elif event == 'call' and inside and {at}:  # a Python function the C code calls\n"
+        "        sys.setprofile(None)\n"
+        f"        if {where}:\n"
+        "            open('sent', 'w').close()\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.setprofile(hook)\n"
+    )
+
+
 def rlrun(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """`python -m rlrun ARGS` in `cwd`; subprocess.run kills the child if it outlives `timeout`."""
     return subprocess.run(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import cli_env, finish, rlrun, tensors_in
+from tests.conftest import ALE_PY_INIT, cli_env, finish, rlrun, signalling_site, tensors_in
 
 # Not serial: each run has a core of its own in the parallel phase, and every deadline here is 10 s or more.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -289,12 +289,12 @@ def test_a_signal_whose_exception_was_lost_still_ends_start_up(folder, where, si
 
 
 # Where each package's C++ initialisation calls Python (a sitecustomize sends SIGTERM from inside it), and a run that
-# loads it: (the C call it starts in, the Python call it is sent at, the run's overrides).
+# loads it: (the C call it starts in, the Python call it is sent at: signalling_site's; the run's overrides).
 HELD = {
     # torch's C++ initialisation imports Python modules
     "torch": ("getattr(arg, '__name__', '') == '_c10d_init'", "True", ["total_steps=2048"]),
     # ale_py's module init: nanobind makes its enums through Python's enum
-    "ale_py": ("entering(frame, arg, 'ale_py._ale_py')", "frame.f_code.co_name == '_create_'", ["env=breakout"]),
+    "ale_py": (*ALE_PY_INIT, ["env=breakout"]),
     # mujoco's extension modules (pybind11)
     "mujoco": (
         "entering(frame, arg, 'mujoco.')",
@@ -312,26 +312,7 @@ def test_a_signal_while_a_package_initialises_is_one_line(folder, package):
     'rlrun[mujoco]'", exit 2). These packages now load with the signals held, so the signal ends start-up as anywhere
     else: one line, exit 143, no run folder left held."""
     enter, at, overrides = HELD[package]
-    (folder / "sitecustomize.py").write_text(
-        "import os, signal, sys\n"
-        "inside = []\n"
-        "def entering(frame, arg, name):  # importlib calling the init of an extension module named name...\n"
-        "    if getattr(arg, '__name__', '') not in ('create_dynamic', 'exec_dynamic'):\n"
-        "        return False\n"
-        "    target = frame.f_locals.get('args', (None,))[0]  # create_dynamic's spec, exec_dynamic's module\n"
-        "    module = target.__name__ if isinstance(target, type(sys)) else getattr(target, 'name', None)\n"
-        "    return isinstance(module, str) and module.startswith(name)\n"
-        "def hook(frame, event, arg):\n"
-        f"    if event == 'c_call' and {enter}:\n"
-        "        inside.append(arg)\n"
-        "    elif event in ('c_return', 'c_exception') and arg in inside:\n"
-        "        inside.remove(arg)\n"
-        f"    elif event == 'call' and inside and {at}:  # a Python function the package's C++ calls\n"
-        "        sys.setprofile(None)\n"
-        "        open('sent', 'w').close()\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "sys.setprofile(hook)\n"
-    )
+    (folder / "sitecustomize.py").write_text(signalling_site(enter, at))
     run = folder / "run"
     out = subprocess.run(
         [sys.executable, "-m", "rlrun", "train", *overrides, f"hydra.run.dir={run}"],
