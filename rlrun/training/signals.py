@@ -62,8 +62,9 @@ HELD_LOADS = frozenset({"torch", "ale_py", "mujoco"})
 
 
 class LoadsHeld(importlib.abc.MetaPathFinder):
-    """In sys.meta_path (the CLI's first step): wherever one of HELD_LOADS is first imported (a checkpoint's load, the
-    run, the env's registry, a user's env module), SIGINT and SIGTERM are only noted while it loads."""
+    """In sys.meta_path (the CLI's first step, and a sweep worker's): wherever one of HELD_LOADS is first imported (a
+    checkpoint's load, the run, the env's registry, a user's env module), SIGINT and SIGTERM are only noted while it
+    loads."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name not in HELD_LOADS:
